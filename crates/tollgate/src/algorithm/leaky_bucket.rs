@@ -1,0 +1,148 @@
+//! Leaky bucket: a bucket of size `burst` that drains at `limit` per window, used as a
+//! meter (reject when full) or as a queue (admit with a delay so that requests leave
+//! at a constant rate; reject when the queue is full).
+//!
+//! **Guarantee.** Meter: never more than `burst + limit × T / window` cost units in any
+//! interval `T` (it admits what a token bucket of the same numbers admits). Queue: the
+//! same admissions, and the admitted requests, each released after its
+//! [`Decision::delay`], leave no closer together than `window / limit` per unit of
+//! cost; no request waits longer than `(burst - cost) × window / limit`.
+//!
+//! **State.** 16 bytes ([`KeyState`]): the exact instant the bucket will be empty (for
+//! the queue, when the last admitted request will have left).
+//!
+//! **Maths**, in units of `1 / window` request: `level = max(0, empty_at × limit - now × limit)`,
+//! `need = cost × window`, `capacity = burst × window`. Pass iff `level + need <= capacity`;
+//! then `empty_at = now + (level + need) / limit`. In queue mode the request waits
+//! `delay = ceil(level / limit)`, the time for the work ahead of it to drain.
+//!
+//! **Example.** A queue draining 2 per second with room for 3: three requests at once
+//! leave at 0, 500 ms and 1 s; the fourth is rejected.
+//! ```
+//! use std::time::Duration;
+//! use tollgate::algorithm::{KeyState, LeakyBucket, LeakyMode};
+//! const MS: u64 = 1_000_000;
+//! let queue = LeakyBucket::new(2, Duration::from_secs(1), LeakyMode::Queue).with_burst(3);
+//! let mut state = KeyState::default();
+//! let t0 = 1_699_920_000_000 * MS;
+//! let delays: Vec<u64> = (0..3).map(|_| queue.check(&mut state, t0, 1).delay).collect();
+//! assert_eq!(delays, [0, 500 * MS, 1_000 * MS]);
+//! assert!(!queue.check(&mut state, t0, 1).allowed);
+//! ```
+
+use std::time::Duration;
+
+use super::state::{ceil_div_nanos, floor_div};
+use super::KeyState;
+use crate::clock::{nanos, Nanos};
+use crate::decision::{Decision, NEVER};
+
+/// How a [`LeakyBucket`] treats a request that finds the bucket partly full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeakyMode {
+    /// Admit at once while there is room (a meter, like a token bucket).
+    Meter,
+    /// Admit with a delay so that admitted requests leave at the drain rate.
+    Queue,
+}
+
+/// Leaky bucket parameters: drains `limit` per `window`, holds `burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeakyBucket {
+    /// Drain rate: cost units per window.
+    pub limit: u64,
+    /// Window length in nanoseconds.
+    pub window: Nanos,
+    /// Bucket (queue) size in cost units (default `limit`).
+    pub burst: u64,
+    /// Meter or queue.
+    pub mode: LeakyMode,
+}
+
+impl LeakyBucket {
+    /// Drains `limit` per `window`, holds `burst = limit`.
+    pub fn new(limit: u64, window: Duration, mode: LeakyMode) -> Self {
+        Self {
+            limit,
+            window: nanos(window),
+            burst: limit,
+            mode,
+        }
+    }
+
+    /// Sets the bucket (queue) size.
+    pub fn with_burst(mut self, burst: u64) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// Decides a request of `cost` at `now`, filling `state` if it passes.
+    pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
+        let (limit, w) = (self.limit, self.window.max(1));
+        if limit == 0 || cost > self.burst {
+            return Decision::reject(limit, 0, 0, NEVER);
+        }
+        let t = now as u128 * limit as u128;
+        let capacity = self.burst as u128 * w as u128;
+        let level = state.scaled_instant(limit).saturating_sub(t);
+        let need = cost as u128 * w as u128;
+        if level + need <= capacity {
+            let new_level = level + need;
+            if cost > 0 {
+                *state = KeyState::from_scaled_instant(t + new_level, limit);
+            }
+            let mut d = Decision::allow(
+                limit,
+                floor_div(capacity - new_level, w),
+                ceil_div_nanos(new_level, limit),
+            );
+            if self.mode == LeakyMode::Queue {
+                d.delay = ceil_div_nanos(level, limit);
+            }
+            return d;
+        }
+        let retry = ceil_div_nanos(level + need - capacity, limit);
+        Decision::reject(
+            limit,
+            floor_div(capacity.saturating_sub(level), w),
+            ceil_div_nanos(level, limit),
+            retry,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_meter_admits_without_delay() {
+        let meter = LeakyBucket::new(2, Duration::from_secs(1), LeakyMode::Meter);
+        let mut st = KeyState::default();
+        assert_eq!(meter.check(&mut st, 0, 1).delay, 0);
+        assert_eq!(meter.check(&mut st, 0, 1).delay, 0);
+        let third = meter.check(&mut st, 0, 1);
+        assert_eq!((third.allowed, third.retry_after), (false, 500 * MS));
+    }
+
+    #[test]
+    fn queued_requests_leave_at_the_drain_rate() {
+        let q = LeakyBucket::new(10, Duration::from_secs(1), LeakyMode::Queue).with_burst(5);
+        let mut st = KeyState::default();
+        let mut departures = Vec::new();
+        for i in 0..40u64 {
+            let now = i * 20 * MS; // 50 per second offered
+            let d = q.check(&mut st, now, 1);
+            if d.allowed {
+                assert!(d.delay <= 400 * MS, "waits at most (burst - 1) intervals");
+                departures.push(now + d.delay);
+            }
+        }
+        for pair in departures.windows(2) {
+            assert!(pair[1] - pair[0] >= 100 * MS, "{pair:?}");
+        }
+        // 800 ms of offered load: 5 queued at once, then one per 100 ms drained.
+        assert_eq!(departures.len(), 5 + 7);
+    }
+}

@@ -1,0 +1,217 @@
+//! [`Limit`]: one algorithm with its parameters, an optional lockout and a counter identity.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+
+use super::{
+    FixedWindow, Gcra, KeyState, LeakyBucket, Lockout, LogState, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
+use crate::clock::{nanos, Nanos};
+use crate::decision::Decision;
+
+/// Which algorithm a [`Limit`] runs, with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingWindow`].
+    SlidingWindow(SlidingWindow),
+    /// See [`SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`Gcra`].
+    Gcra(Gcra),
+    /// See [`LeakyBucket`].
+    LeakyBucket(LeakyBucket),
+}
+
+/// A limit as stores run it: an [`Algorithm`], an optional [`Lockout`], and the
+/// identity of its counters.
+///
+/// Two limits with the same `id` and the same key share one counter. The default id is
+/// derived from the parameters; give limits that must stay apart (or that must keep
+/// their counters when their numbers change, as rules do across a reload) an explicit
+/// id with [`with_id`](Self::with_id).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::algorithm::{Algorithm, Limit, TokenBucket};
+/// let limit = Limit::new(Algorithm::TokenBucket(
+///     TokenBucket::new(10, Duration::from_secs(1)).with_burst(20),
+/// ))?
+/// .with_lockout(Duration::from_secs(60));
+/// assert_eq!(limit.limit(), 10);
+/// # Ok::<(), tollgate::algorithm::InvalidLimit>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    algorithm: Algorithm,
+    lockout: Option<Lockout>,
+    id: u64,
+}
+
+/// Why a [`Limit`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidLimit {
+    /// The window (unit) is zero.
+    #[error("the window must be longer than zero")]
+    ZeroWindow,
+    /// The sliding window counter keeps 32-bit counts.
+    #[error("a sliding_window limit must be at most 4294967295 per window, got {0}")]
+    SlidingWindowTooLarge(u64),
+}
+
+impl Limit {
+    /// A limit running `algorithm`, with no lockout and an id derived from the parameters.
+    pub fn new(algorithm: Algorithm) -> Result<Self, InvalidLimit> {
+        if algorithm.window() == 0 {
+            return Err(InvalidLimit::ZeroWindow);
+        }
+        if let Algorithm::SlidingWindow(s) = algorithm {
+            if s.limit > u64::from(u32::MAX) {
+                return Err(InvalidLimit::SlidingWindowTooLarge(s.limit));
+            }
+        }
+        let mut h = DefaultHasher::new();
+        algorithm.hash(&mut h);
+        Ok(Self {
+            algorithm,
+            lockout: None,
+            id: h.finish(),
+        })
+    }
+
+    /// Locks a key out for `duration` from its first rejection (see [`Lockout`]).
+    /// A zero duration means no lockout.
+    pub fn with_lockout(mut self, duration: Duration) -> Self {
+        let duration = nanos(duration);
+        self.lockout = (duration > 0).then_some(Lockout { duration });
+        self
+    }
+
+    /// Sets the counter identity (see the type's documentation).
+    pub fn with_id(mut self, id: u64) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The counter identity.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// The lockout, if any.
+    pub fn lockout(&self) -> Option<Lockout> {
+        self.lockout
+    }
+
+    /// The configured number of requests (cost units) per window.
+    pub fn limit(&self) -> u64 {
+        self.algorithm.limit()
+    }
+
+    /// The window, in nanoseconds.
+    pub fn window(&self) -> Nanos {
+        self.algorithm.window()
+    }
+
+    /// True when the algorithm keeps a [`LogState`] rather than a [`KeyState`].
+    pub fn uses_log(&self) -> bool {
+        matches!(self.algorithm, Algorithm::SlidingLog(_))
+    }
+
+    /// Runs the algorithm on a [`KeyState`]. A sliding log has no `KeyState`: for it
+    /// this rejects as [`NEVER`](crate::decision::NEVER); use [`check_log`](Self::check_log).
+    pub fn check_key(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
+        match &self.algorithm {
+            Algorithm::FixedWindow(a) => a.check(state, now, cost),
+            Algorithm::SlidingWindow(a) => a.check(state, now, cost),
+            Algorithm::TokenBucket(a) => a.check(state, now, cost),
+            Algorithm::Gcra(a) => a.check(state, now, cost),
+            Algorithm::LeakyBucket(a) => a.check(state, now, cost),
+            Algorithm::SlidingLog(a) => Decision::reject(a.limit, 0, 0, crate::decision::NEVER),
+        }
+    }
+
+    /// Runs a sliding log on its [`LogState`]; for any other algorithm this rejects as
+    /// [`NEVER`](crate::decision::NEVER).
+    pub fn check_log(&self, state: &mut LogState, now: Nanos, cost: u64) -> Decision {
+        match &self.algorithm {
+            Algorithm::SlidingLog(a) => a.check(state, now, cost),
+            other => Decision::reject(other.limit(), 0, 0, crate::decision::NEVER),
+        }
+    }
+}
+
+impl Algorithm {
+    /// The configured number of requests (cost units) per window.
+    pub fn limit(&self) -> u64 {
+        match self {
+            Algorithm::FixedWindow(a) => a.limit,
+            Algorithm::SlidingWindow(a) => a.limit,
+            Algorithm::SlidingLog(a) => a.limit,
+            Algorithm::TokenBucket(a) => a.limit,
+            Algorithm::Gcra(a) => a.limit,
+            Algorithm::LeakyBucket(a) => a.limit,
+        }
+    }
+
+    /// The window, in nanoseconds.
+    pub fn window(&self) -> Nanos {
+        match self {
+            Algorithm::FixedWindow(a) => a.window,
+            Algorithm::SlidingWindow(a) => a.window,
+            Algorithm::SlidingLog(a) => a.window,
+            Algorithm::TokenBucket(a) => a.window,
+            Algorithm::Gcra(a) => a.window,
+            Algorithm::LeakyBucket(a) => a.window,
+        }
+    }
+
+    /// The name used in rule files (`fixed_window`, `gcra`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::SlidingWindow(_) => "sliding_window",
+            Algorithm::SlidingLog(_) => "sliding_log",
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::Gcra(_) => "gcra",
+            Algorithm::LeakyBucket(_) => "leaky_bucket",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_window_is_rejected() {
+        let err = Limit::new(Algorithm::FixedWindow(FixedWindow::new(1, Duration::ZERO)));
+        assert_eq!(err, Err(InvalidLimit::ZeroWindow));
+    }
+
+    #[test]
+    fn a_sliding_window_above_u32_is_rejected() {
+        let a = SlidingWindow::new(1 << 33, Duration::from_secs(1));
+        assert!(matches!(
+            Limit::new(Algorithm::SlidingWindow(a)),
+            Err(InvalidLimit::SlidingWindowTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn limits_with_other_numbers_get_other_ids() {
+        let a = Limit::new(Algorithm::Gcra(Gcra::new(10, Duration::from_secs(1)))).unwrap();
+        let b = Limit::new(Algorithm::Gcra(Gcra::new(11, Duration::from_secs(1)))).unwrap();
+        assert_ne!(a.id(), b.id());
+        assert_eq!(b.with_id(a.id()).id(), a.id());
+    }
+}

@@ -1,0 +1,45 @@
+//! The rate limiting algorithms: pure functions of (parameters, state, now, cost).
+//!
+//! Nothing here reads a clock or does I/O. Each algorithm takes its state by `&mut`,
+//! the current time and the request's cost, and returns a [`Decision`]. The state is
+//! changed only when the request is admitted (a rejected request charges nothing); the
+//! one exception is [`Lockout`], whose whole job is to remember a rejection.
+//!
+//! | algorithm | never admits | state per key |
+//! |---|---|---|
+//! | [`FixedWindow`] | more than `limit` per epoch-aligned window (2× across a boundary) | 16 bytes |
+//! | [`SlidingWindow`] | more than `limit` per aligned window, 2× `limit` per rolling window | 16 bytes |
+//! | [`SlidingLog`] | more than `limit` in any rolling window | 40 bytes + 16 per admitted request still in the window |
+//! | [`TokenBucket`] | more than `burst + limit × T / window` in any interval `T` | 16 bytes |
+//! | [`Gcra`] | the same as the token bucket, request for request | 16 bytes |
+//! | [`LeakyBucket`] | the same; in queue mode it delays instead of bursting | 16 bytes |
+//!
+//! Every algorithm except the sliding log keeps its state in one [`KeyState`]: the
+//! instant at which the key is back to "fresh" (a store may then drop it) and one
+//! algorithm-specific word. The bucket algorithms keep an exact instant as a rational
+//! number of nanoseconds (see [`KeyState`]), so a refill of `limit / window` per
+//! nanosecond loses nothing to rounding however often they are called.
+//!
+//! [`Limit`] bundles an algorithm with its optional lockout and a counter identity;
+//! it is what stores and the rule engine work with. `docs/algorithms.md` has the
+//! side-by-side comparison and the reasoning behind each bound.
+
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod limit;
+mod lockout;
+mod sliding_log;
+mod sliding_window;
+mod state;
+mod token_bucket;
+
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use leaky_bucket::{LeakyBucket, LeakyMode};
+pub use limit::{Algorithm, InvalidLimit, Limit};
+pub use lockout::Lockout;
+pub use sliding_log::{LogState, SlidingLog};
+pub use sliding_window::SlidingWindow;
+pub use state::KeyState;
+pub use token_bucket::TokenBucket;

@@ -1,0 +1,93 @@
+//! [`KeyState`]: the 16-byte per-key state of every algorithm but the sliding log.
+
+use crate::clock::Nanos;
+
+/// Per-key state: when the key is fresh again, and one algorithm-specific word.
+///
+/// `expires_at` has the same meaning for every algorithm: from that instant on the
+/// state is equivalent to [`KeyState::default()`] (a key never seen), so a store may
+/// drop it. `word` is the algorithm's own:
+///
+/// - fixed window: `expires_at` = end of the counted window, `word` = its count;
+/// - sliding window: `expires_at` = end of the current window + one window,
+///   `word` = previous count (high 32 bits) and current count (low 32 bits);
+/// - token bucket, GCRA, leaky bucket: an exact instant `x` (when the bucket is full,
+///   the theoretical arrival time, when the bucket is empty) kept as a rational number
+///   of nanoseconds with denominator `limit`: `expires_at = ceil(x)` and
+///   `word = (ceil(x) - x) × limit`, the "deficit". Scaled by `limit`, every instant
+///   and every increment (`window` per unit of cost) is an integer, so nothing is
+///   rounded away: 100 per second called every 5 ms admits exactly 100 per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct KeyState {
+    /// The instant from which this state is the same as a fresh one.
+    pub expires_at: Nanos,
+    /// Algorithm-specific payload (see the type's documentation).
+    pub word: u64,
+}
+
+impl KeyState {
+    /// True if the state is back to fresh at `now`.
+    pub fn is_fresh(&self, now: Nanos) -> bool {
+        self.expires_at <= now
+    }
+
+    /// The exact instant stored by the bucket algorithms, multiplied by `rate`.
+    pub(crate) fn scaled_instant(&self, rate: u64) -> u128 {
+        (self.expires_at as u128 * rate as u128).saturating_sub(self.word as u128)
+    }
+
+    /// Stores the exact instant `scaled / rate` (see [`scaled_instant`](Self::scaled_instant)).
+    /// An instant beyond `u64::MAX` nanoseconds is clamped there.
+    pub(crate) fn from_scaled_instant(scaled: u128, rate: u64) -> Self {
+        let rate = rate.max(1) as u128;
+        let ceil = scaled.div_ceil(rate);
+        match u64::try_from(ceil) {
+            Ok(expires_at) => Self {
+                expires_at,
+                // (ceil × rate − scaled) < rate ≤ u64::MAX
+                word: (ceil * rate - scaled) as u64,
+            },
+            Err(_) => Self {
+                expires_at: u64::MAX,
+                word: 0,
+            },
+        }
+    }
+}
+
+/// `ceil(n / d)` as nanoseconds, saturating at `u64::MAX`.
+pub(crate) fn ceil_div_nanos(n: u128, d: u64) -> Nanos {
+    u64::try_from(n.div_ceil(d.max(1) as u128)).unwrap_or(u64::MAX)
+}
+
+/// `n / d` rounded down, saturating at `u64::MAX`.
+pub(crate) fn floor_div(n: u128, d: u64) -> u64 {
+    u64::try_from(n / d.max(1) as u128).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaled_instants_round_trip_exactly() {
+        for (scaled, rate) in [
+            (0u128, 3u64),
+            (10, 3),
+            (11, 3),
+            (12, 3),
+            (7, 1),
+            (1 << 70, 1_000_003),
+        ] {
+            let s = KeyState::from_scaled_instant(scaled, rate);
+            assert_eq!(s.scaled_instant(rate), scaled, "{scaled}/{rate}");
+            assert!(s.word < rate);
+        }
+    }
+
+    #[test]
+    fn an_instant_past_u64_saturates() {
+        let s = KeyState::from_scaled_instant(u128::MAX, 2);
+        assert_eq!(s.expires_at, u64::MAX);
+    }
+}

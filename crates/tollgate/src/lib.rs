@@ -1,0 +1,39 @@
+//! Tollgate: exact, fast rate limiting.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::algorithm::{Algorithm, Limit, TokenBucket};
+//! use tollgate::clock::{Clock, ManualClock};
+//! use tollgate::store::{Check, MemoryStore};
+//!
+//! let clock = ManualClock::new(1_700_000_000_000_000_000);
+//! let store = MemoryStore::new();
+//! // 5 per second, bursts of 10.
+//! let limit = Limit::new(Algorithm::TokenBucket(
+//!     TokenBucket::new(5, Duration::from_secs(1)).with_burst(10),
+//! ))?;
+//! let admitted = (0..12)
+//!     .filter(|_| store.check_one(clock.now(), &Check::new(&limit, "api-key-1", 1)).allowed)
+//!     .count();
+//! assert_eq!(admitted, 10);
+//! clock.advance(Duration::from_millis(200)); // one token back
+//! assert!(store.check_one(clock.now(), &Check::new(&limit, "api-key-1", 1)).allowed);
+//! # Ok::<(), tollgate::algorithm::InvalidLimit>(())
+//! ```
+//!
+//! ## Map
+//! - [`algorithm`]: the pure algorithms: (parameters, state, now, cost) → decision.
+//! - [`clock`]: time as [`Nanos`](clock::Nanos), the [`Clock`](clock::Clock) trait,
+//!   the system clock and a manual clock for tests.
+//! - [`decision`]: the [`Decision`] every limiter returns.
+//! - [`store`]: the [`Store`](store::Store) trait (atomic, all-or-nothing per request)
+//!   and the in-memory [`MemoryStore`](store::MemoryStore).
+//!
+//! `docs/ARCHITECTURE.md` in the repository explains how the pieces fit.
+
+pub mod algorithm;
+pub mod clock;
+pub mod decision;
+pub mod store;
+
+pub use decision::Decision;

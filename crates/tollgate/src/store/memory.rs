@@ -1,0 +1,429 @@
+//! [`MemoryStore`]: keyed, concurrent, exact and bounded, in this process.
+//!
+//! ## How it is built
+//! Keys are reduced to a 64-bit fingerprint, a keyed hash (`ahash`, random seed per
+//! store) of the limit's id and the key bytes, and spread over a power-of-two number
+//! of shards, each a `parking_lot` mutex around `hashbrown` maps from fingerprint to
+//! state. One request's checks lock their shards in index order, so a request touching
+//! several keys is atomic and two such requests cannot deadlock. (A ready-made
+//! concurrent map such as DashMap does not offer holding several entries locked at
+//! once through its safe API; that, not speed, is why the sharding is ours.)
+//!
+//! Fingerprints stand for keys: two keys with the same fingerprint share one counter.
+//! With a random 64-bit hash that happens to a given pair with probability 2^-64
+//! (about 1 in 37 million for some pair among a million live keys), an attacker who
+//! does not know the seed cannot aim for it, and the effect is only ever a stricter
+//! limit for the two keys, never a looser one.
+//!
+//! ## Memory
+//! A key costs one 8-byte fingerprint and a 16-byte [`KeyState`] in a hash table
+//! (about 50 bytes per key at load), a [`LogState`] for the sliding log, and 8 bytes
+//! more while it is locked out. Memory stays bounded three ways:
+//! - a state that has become fresh again (full bucket, ended window) is the same as no
+//!   state: it is dropped whenever a shard is swept;
+//! - each shard sweeps itself when it has grown to twice its size at the last sweep,
+//!   and [`MemoryStore::sweep`] sweeps everything (the server calls it periodically);
+//! - `max_keys` caps the total. When a shard is full of live keys, it evicts the eighth
+//!   of its keys that will become fresh soonest: the keys nearest to being forgotten
+//!   anyway. An evicted key starts over, so its client may get up to one more full
+//!   limit (or burst) early; keys in a lockout are evicted only after every other key
+//!   of their shard, so a flood of new keys cannot cheaply end a lockout. Evictions
+//!   are counted in [`MemoryStoreStats`].
+
+use std::collections::hash_map::RandomState as StdRandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+use hashbrown::hash_map::Entry;
+use hashbrown::HashMap;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{Check, Error, Store};
+use crate::algorithm::{KeyState, Limit, LogState};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+
+/// The in-memory store. Cheap to share behind an `Arc`; every method takes `&self`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::algorithm::{Algorithm, Gcra, Limit};
+/// use tollgate::store::{Check, MemoryStore};
+/// let store = MemoryStore::builder().max_keys(100_000).build();
+/// let limit = Limit::new(Algorithm::Gcra(Gcra::new(2, Duration::from_secs(1))))?;
+/// let now = 1_700_000_000_000_000_000;
+/// assert!(store.check_one(now, &Check::new(&limit, "user:1", 1)).allowed);
+/// assert!(store.check_one(now, &Check::new(&limit, "user:1", 1)).allowed);
+/// assert!(!store.check_one(now, &Check::new(&limit, "user:1", 1)).allowed);
+/// assert!(store.check_one(now, &Check::new(&limit, "user:2", 1)).allowed);
+/// # Ok::<(), tollgate::algorithm::InvalidLimit>(())
+/// ```
+pub struct MemoryStore {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    shard_shift: u32,
+    hasher: ahash::RandomState,
+    max_per_shard: usize,
+    evictions: AtomicU64,
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    shards: usize,
+}
+
+/// Counters describing a [`MemoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStoreStats {
+    /// Keys with state (including states not yet swept after becoming fresh).
+    pub keys: usize,
+    /// Keys evicted because a shard was full of live keys.
+    pub evictions: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    keys: HashMap<u64, KeyState, Fingerprint>,
+    logs: HashMap<u64, LogState, Fingerprint>,
+    blocks: HashMap<u64, Nanos, Fingerprint>,
+    sweep_at: usize,
+}
+
+/// Fingerprints are already uniform hashes; the tables use them as they are.
+type Fingerprint = BuildHasherDefault<IdentityHasher>;
+
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 fingerprints are hashed; fold anything else in for completeness.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+const MIN_SWEEP: usize = 1024;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default settings (at most 10,000,000 keys).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_keys: 10_000_000,
+            shards: 64,
+        }
+    }
+
+    /// Decides one check at `now` and charges it if admitted: the synchronous fast path.
+    pub fn check_one(&self, now: Nanos, check: &Check<'_>) -> Decision {
+        let fp = self.fingerprint(check);
+        let mut shard = self.shards[self.shard_of(fp)].lock();
+        self.decide(&mut shard, fp, check, now)
+    }
+
+    /// Decides every check of one request at `now`, all-or-nothing (see [`Store::check`]).
+    pub fn check_all(&self, now: Nanos, checks: &[Check<'_>]) -> Vec<Decision> {
+        if let [one] = checks {
+            return vec![self.check_one(now, one)];
+        }
+        let fps: Vec<u64> = checks.iter().map(|c| self.fingerprint(c)).collect();
+        let mut order: Vec<usize> = fps.iter().map(|&fp| self.shard_of(fp)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, self.shards[i].lock())).collect();
+        let mut undo: Vec<Undo> = Vec::new();
+        let mut decisions = Vec::with_capacity(checks.len());
+        for (check, &fp) in checks.iter().zip(&fps) {
+            let shard = guard_for(&mut guards, self.shard_of(fp));
+            if !undo
+                .iter()
+                .any(|u| u.fp == fp && u.log == check.limit.uses_log())
+            {
+                undo.push(Undo::save(shard, fp, check.limit.uses_log()));
+            }
+            decisions.push(self.decide(shard, fp, check, now));
+        }
+        if decisions.iter().any(|d| !d.allowed) {
+            // Put back every state the admitted checks charged. Lockouts live apart
+            // and stay: a rejected check keeps the lockout it started.
+            for u in undo.into_iter().rev() {
+                let shard = guard_for(&mut guards, self.shard_of(u.fp));
+                u.restore(shard);
+            }
+            // An admitted check reports its key as it is now, uncharged.
+            for ((check, &fp), d) in checks.iter().zip(&fps).zip(decisions.iter_mut()) {
+                if d.allowed {
+                    let shard = guard_for(&mut guards, self.shard_of(fp));
+                    *d = self.decide(shard, fp, &Check { cost: 0, ..*check }, now);
+                }
+            }
+        }
+        decisions
+    }
+
+    /// Drops every state that is fresh again at `now` (and ended lockouts). Returns how
+    /// many keys were dropped.
+    pub fn sweep(&self, now: Nanos) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = s.lock();
+                let before = shard.len();
+                shard.drop_fresh(now);
+                before - shard.len()
+            })
+            .sum()
+    }
+
+    /// Current key count and eviction total.
+    pub fn stats(&self) -> MemoryStoreStats {
+        MemoryStoreStats {
+            keys: self.shards.iter().map(|s| s.lock().len()).sum(),
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+
+    fn fingerprint(&self, check: &Check<'_>) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_u64(check.limit.id());
+        h.write(check.key);
+        h.finish()
+    }
+
+    fn shard_of(&self, fp: u64) -> usize {
+        // hashbrown uses the low bits (bucket) and the top 7 (tag); take bits below the tag.
+        (fp << 7).checked_shr(self.shard_shift).unwrap_or(0) as usize
+    }
+
+    fn decide(&self, shard: &mut Shard, fp: u64, check: &Check<'_>, now: Nanos) -> Decision {
+        let limit = check.limit;
+        match limit.lockout() {
+            None => self.run(shard, fp, limit, now, check.cost),
+            Some(lockout) => {
+                let mut until = shard.blocks.get(&fp).copied().unwrap_or(0);
+                let d = lockout.check(&mut until, now, limit.limit(), |now| {
+                    self.run(shard, fp, limit, now, check.cost)
+                });
+                if until > now {
+                    if shard.blocks.insert(fp, until).is_none() {
+                        self.make_room(shard, now);
+                    }
+                } else if until != 0 {
+                    shard.blocks.remove(&fp);
+                }
+                d
+            }
+        }
+    }
+
+    fn run(&self, shard: &mut Shard, fp: u64, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        if limit.uses_log() {
+            return match shard.logs.entry(fp) {
+                Entry::Occupied(mut e) => limit.check_log(e.get_mut(), now, cost),
+                Entry::Vacant(e) => {
+                    let mut state = LogState::default();
+                    let d = limit.check_log(&mut state, now, cost);
+                    if !state.is_fresh(now) {
+                        e.insert(state);
+                        self.make_room(shard, now);
+                    }
+                    d
+                }
+            };
+        }
+        match shard.keys.entry(fp) {
+            Entry::Occupied(mut e) => limit.check_key(e.get_mut(), now, cost),
+            Entry::Vacant(e) => {
+                let mut state = KeyState::default();
+                let d = limit.check_key(&mut state, now, cost);
+                if !state.is_fresh(now) {
+                    e.insert(state);
+                    self.make_room(shard, now);
+                }
+                d
+            }
+        }
+    }
+
+    /// Called after a key was added to `shard`: sweeps it when it has doubled since the
+    /// last sweep, and evicts when it is over its share of `max_keys`.
+    fn make_room(&self, shard: &mut Shard, now: Nanos) {
+        let len = shard.len();
+        if len < shard.sweep_at && len <= self.max_per_shard {
+            return;
+        }
+        shard.drop_fresh(now);
+        if shard.len() > self.max_per_shard {
+            let evicted = shard.evict(shard.len() - self.max_per_shard + self.max_per_shard / 8);
+            self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        }
+        shard.sweep_at = (shard.len() * 2).max(MIN_SWEEP);
+    }
+}
+
+impl Shard {
+    fn len(&self) -> usize {
+        self.keys.len() + self.logs.len() + self.blocks.len()
+    }
+
+    fn drop_fresh(&mut self, now: Nanos) {
+        self.keys.retain(|_, s| !s.is_fresh(now));
+        self.logs.retain(|_, s| !s.is_fresh(now));
+        self.blocks.retain(|_, &mut until| until > now);
+    }
+
+    /// Evicts at least `n` keys, those that become fresh soonest first, lockouts last.
+    fn evict(&mut self, n: usize) -> usize {
+        let mut expiries: Vec<Nanos> = self.keys.values().map(|s| s.expires_at).collect();
+        expiries.extend(self.logs.values().map(LogState::expires_at));
+        let before = self.len();
+        if n < expiries.len() {
+            let (_, &mut cut, _) = expiries.select_nth_unstable(n);
+            // Ties at `cut` may keep a few more than asked; the next insert evicts again.
+            self.keys.retain(|_, s| s.expires_at >= cut);
+            self.logs.retain(|_, s| s.expires_at() >= cut);
+            let mut extra = n.saturating_sub(before - self.len());
+            self.keys.retain(|_, s| {
+                let evict = extra > 0 && s.expires_at == cut;
+                extra -= usize::from(evict);
+                !evict
+            });
+        } else {
+            self.keys.clear();
+            self.logs.clear();
+            let left = n - expiries.len();
+            if left > 0 {
+                let mut ends: Vec<Nanos> = self.blocks.values().copied().collect();
+                if left < ends.len() {
+                    let (_, &mut cut, _) = ends.select_nth_unstable(left);
+                    self.blocks.retain(|_, &mut until| until >= cut);
+                } else {
+                    self.blocks.clear();
+                }
+            }
+        }
+        before - self.len()
+    }
+}
+
+fn guard_for<'g, 's>(
+    guards: &'g mut [(usize, MutexGuard<'s, Shard>)],
+    index: usize,
+) -> &'g mut Shard {
+    let at = guards
+        .binary_search_by_key(&index, |(i, _)| *i)
+        .unwrap_or_else(|_| unreachable!("every shard of the request is locked"));
+    &mut guards[at].1
+}
+
+/// The state of one key before a multi-check request touched it.
+struct Undo {
+    fp: u64,
+    log: bool,
+    key: Option<KeyState>,
+    log_state: Option<LogState>,
+}
+
+impl Undo {
+    fn save(shard: &Shard, fp: u64, log: bool) -> Self {
+        Self {
+            fp,
+            log,
+            key: if log {
+                None
+            } else {
+                shard.keys.get(&fp).copied()
+            },
+            log_state: if log {
+                shard.logs.get(&fp).cloned()
+            } else {
+                None
+            },
+        }
+    }
+
+    fn restore(self, shard: &mut Shard) {
+        if self.log {
+            match self.log_state {
+                Some(s) => shard.logs.insert(self.fp, s),
+                None => shard.logs.remove(&self.fp),
+            };
+        } else {
+            match self.key {
+                Some(s) => shard.keys.insert(self.fp, s),
+                None => shard.keys.remove(&self.fp),
+            };
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys the store holds before it evicts (default 10,000,000; at least
+    /// one per shard).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Number of shards, rounded up to a power of two between 1 and 128 (default 64).
+    /// More shards mean less contention between threads on different keys.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let shards = self.shards.clamp(1, 128).next_power_of_two();
+        let bits = shards.trailing_zeros();
+        MemoryStore {
+            shards: (0..shards)
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
+                .collect(),
+            shard_shift: 64 - bits,
+            hasher: {
+                // Seeded from the OS like std's HashMap: fingerprints are unpredictable.
+                let s = StdRandomState::new();
+                ahash::RandomState::with_seeds(
+                    s.hash_one(1u8),
+                    s.hash_one(2u8),
+                    s.hash_one(3u8),
+                    s.hash_one(4u8),
+                )
+            },
+            max_per_shard: self.max_keys.div_ceil(shards).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn check<'a>(
+        &'a self,
+        now: Nanos,
+        checks: &'a [Check<'a>],
+    ) -> impl std::future::Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
+        std::future::ready(Ok(self.check_all(now, checks)))
+    }
+}

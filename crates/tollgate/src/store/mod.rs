@@ -1,0 +1,67 @@
+//! Stores: where per-key state lives, and the one thing they add to the algorithms,
+//! atomicity.
+//!
+//! A [`Store`] runs the pure [`algorithm`](crate::algorithm) functions on the state of
+//! each key of a request so that concurrent requests never lose an update, and so that
+//! a request is all-or-nothing: if any of its checks is rejected, none is charged.
+//! [`MemoryStore`] is the embedded default; it also has a synchronous fast path for
+//! in-process callers ([`MemoryStore::check_one`]).
+
+mod memory;
+
+use std::future::Future;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+
+use crate::algorithm::Limit;
+use crate::clock::Nanos;
+use crate::decision::Decision;
+
+/// One limit to check for one key, with the request's cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The limit (its id and the key select the counter).
+    pub limit: &'a Limit,
+    /// The runtime key, e.g. `user:123` or a descriptor's values.
+    pub key: &'a [u8],
+    /// What the request costs: hits, bytes, ... 0 checks without charging.
+    pub cost: u64,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `limit` for `key` costing `cost`.
+    pub fn new(limit: &'a Limit, key: &'a (impl AsRef<[u8]> + ?Sized), cost: u64) -> Self {
+        Self {
+            limit,
+            key: key.as_ref(),
+            cost,
+        }
+    }
+}
+
+/// What a store could not do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend did not answer within its deadline.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The backend answered with an error or could not be reached.
+    #[error("the store failed: {0}")]
+    Backend(String),
+}
+
+/// Keeps per-key state and runs the algorithms on it atomically.
+pub trait Store: Send + Sync {
+    /// Decides every check of one request at `now`, atomically: either every check is
+    /// admitted and charged, or none is charged (lockouts started by a rejected check
+    /// still start). Decisions come back in the order of `checks`; when the request is
+    /// rejected, a check whose own limit had room still says `allowed`, with the
+    /// remaining it has uncharged. A store with a time
+    /// source of its own that several instances share may use it instead of `now`.
+    fn check<'a>(
+        &'a self,
+        now: Nanos,
+        checks: &'a [Check<'a>],
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a;
+}
