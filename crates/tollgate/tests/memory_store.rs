@@ -1,0 +1,185 @@
+//! Behaviour of the in-memory store that a user would notice: all-or-nothing requests,
+//! lockouts, bounded memory under a flood of keys, sweeping, and the async `Store` API.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tollgate::algorithm::{Algorithm, FixedWindow, Gcra, Limit, SlidingLog};
+use tollgate::clock::NANOS_PER_SEC as S;
+use tollgate::store::{Check, MemoryStore, Store};
+
+const T0: u64 = 1_699_920_000 * S;
+
+fn fixed(n: u64, secs: u64, id: u64) -> Limit {
+    Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        n,
+        Duration::from_secs(secs),
+    )))
+    .unwrap()
+    .with_id(id)
+}
+
+/// Polls a future that is ready at once (the memory store never waits).
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the memory store never waits"),
+    }
+}
+
+#[test]
+fn a_rejected_request_charges_none_of_its_checks() {
+    let store = MemoryStore::new();
+    let (wide, narrow) = (fixed(20, 60, 1), fixed(1, 60, 2));
+    let both = [Check::new(&wide, "x", 1), Check::new(&narrow, "x", 1)];
+    let first = store.check_all(T0, &both);
+    assert!(first.iter().all(|d| d.allowed));
+    assert_eq!(first[0].remaining, 19);
+    for _ in 0..5 {
+        let d = store.check_all(T0, &both);
+        assert!(d[0].allowed, "the wide limit itself had room");
+        assert_eq!(d[0].remaining, 19, "and was not charged");
+        assert!(!d[1].allowed);
+    }
+    assert_eq!(
+        store.check_one(T0, &Check::new(&wide, "x", 1)).remaining,
+        18
+    );
+}
+
+#[test]
+fn the_same_counter_twice_in_one_request_is_charged_twice() {
+    let store = MemoryStore::new();
+    let l = fixed(3, 60, 1);
+    let d = store.check_all(T0, &[Check::new(&l, "k", 2), Check::new(&l, "k", 1)]);
+    assert!(d.iter().all(|d| d.allowed));
+    assert_eq!(d[1].remaining, 0);
+    let d = store.check_all(T0, &[Check::new(&l, "k", 0), Check::new(&l, "k", 1)]);
+    assert!(!d[1].allowed);
+}
+
+#[test]
+fn a_lockout_started_by_a_rejected_request_stays_while_the_rest_is_undone() {
+    let store = MemoryStore::new();
+    let login = fixed(1, 60, 1).with_lockout(Duration::from_secs(600));
+    let site = fixed(100, 60, 2);
+    let req = [Check::new(&site, "ip", 1), Check::new(&login, "alice", 1)];
+    assert!(store.check_all(T0, &req).iter().all(|d| d.allowed));
+    let d = store.check_all(T0, &req);
+    assert_eq!(d[1].retry_after, 600 * S);
+    assert_eq!(d[0].remaining, 99, "the site limit was not charged");
+    // Next minute the login limit has room again, but the lockout holds.
+    let later = store.check_one(T0 + 120 * S, &Check::new(&login, "alice", 1));
+    assert!(!later.allowed);
+    assert_eq!(later.retry_after, 480 * S);
+    assert!(
+        store
+            .check_one(T0 + 600 * S, &Check::new(&login, "alice", 1))
+            .allowed
+    );
+}
+
+#[test]
+fn a_flood_of_distinct_keys_stays_under_max_keys() {
+    let store = MemoryStore::builder().max_keys(4096).shards(4).build();
+    let l = Limit::new(Algorithm::Gcra(Gcra::new(10, Duration::from_secs(3600)))).unwrap();
+    for i in 0..200_000u32 {
+        let key = format!("attacker:{i}");
+        assert!(store.check_one(T0, &Check::new(&l, &key, 1)).allowed);
+    }
+    let stats = store.stats();
+    assert!(stats.keys <= 4096, "{} keys kept", stats.keys);
+    assert!(stats.evictions >= 200_000 - 4096);
+}
+
+#[test]
+fn a_flood_of_new_keys_does_not_end_a_lockout() {
+    let store = MemoryStore::builder().max_keys(256).shards(1).build();
+    let login = fixed(1, 60, 1).with_lockout(Duration::from_secs(900));
+    assert!(store.check_one(T0, &Check::new(&login, "alice", 1)).allowed);
+    assert!(!store.check_one(T0, &Check::new(&login, "alice", 1)).allowed);
+    let other = fixed(5, 3600, 2);
+    for i in 0..10_000u32 {
+        store.check_one(T0 + S, &Check::new(&other, &format!("k{i}"), 1));
+    }
+    assert!(
+        !store
+            .check_one(T0 + 2 * S, &Check::new(&login, "alice", 1))
+            .allowed
+    );
+}
+
+#[test]
+fn the_keys_evicted_first_are_those_closest_to_fresh() {
+    let store = MemoryStore::builder().max_keys(100).shards(1).build();
+    let short = fixed(5, 1, 1); // its window ends within a second
+    let long = fixed(5, 3600, 2);
+    for i in 0..50u32 {
+        store.check_one(T0, &Check::new(&long, &format!("long{i}"), 5));
+    }
+    for i in 0..200u32 {
+        store.check_one(T0, &Check::new(&short, &format!("short{i}"), 1));
+    }
+    // Every long-window key is still spent: none was evicted.
+    for i in 0..50u32 {
+        assert!(
+            !store
+                .check_one(T0, &Check::new(&long, &format!("long{i}"), 1))
+                .allowed,
+            "long{i}"
+        );
+    }
+}
+
+#[test]
+fn sweeping_drops_states_that_are_fresh_again() {
+    let store = MemoryStore::new();
+    let l = fixed(10, 60, 1);
+    let log = Limit::new(Algorithm::SlidingLog(SlidingLog::new(
+        10,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    for i in 0..100u32 {
+        store.check_one(T0, &Check::new(&l, &format!("u{i}"), 1));
+        store.check_one(T0, &Check::new(&log, &format!("u{i}"), 1));
+    }
+    assert_eq!(store.stats().keys, 200);
+    assert_eq!(store.sweep(T0 + 59 * S), 0);
+    assert_eq!(store.sweep(T0 + 60 * S), 200);
+    assert_eq!(store.stats().keys, 0);
+}
+
+#[test]
+fn a_request_that_changes_nothing_stores_nothing() {
+    let store = MemoryStore::new();
+    let l = fixed(10, 60, 1);
+    store.check_one(T0, &Check::new(&l, "a", 0));
+    store.check_one(T0, &Check::new(&l, "b", 11));
+    assert_eq!(store.stats().keys, 0);
+}
+
+#[test]
+fn keys_of_different_limits_are_separate_counters() {
+    let store = MemoryStore::new();
+    let (a, b) = (fixed(1, 60, 1), fixed(1, 60, 2));
+    assert!(store.check_one(T0, &Check::new(&a, "same", 1)).allowed);
+    assert!(store.check_one(T0, &Check::new(&b, "same", 1)).allowed);
+    assert!(!store.check_one(T0, &Check::new(&a, "same", 1)).allowed);
+}
+
+#[test]
+fn the_store_trait_gives_the_same_answers() {
+    let store = MemoryStore::new();
+    let l = fixed(2, 60, 1);
+    let checks = [Check::new(&l, "k", 1)];
+    let answers: Vec<bool> = (0..3)
+        .map(|_| ready(Store::check(&store, T0, &checks)).unwrap()[0].allowed)
+        .collect();
+    assert_eq!(answers, [true, true, false]);
+}

@@ -1,0 +1,316 @@
+//! Property tests on random traces: each algorithm's guarantee, checked against what it
+//! actually admitted, plus agreement between algorithms that must admit the same.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::algorithm::{
+    FixedWindow, Gcra, KeyState, LeakyBucket, LeakyMode, Lockout, LogState, SlidingLog,
+    SlidingWindow, TokenBucket,
+};
+use tollgate::clock::Nanos;
+use tollgate::decision::{Decision, NEVER};
+
+const S: Nanos = 1_000_000_000;
+const START: Nanos = 1_699_920_000 * S;
+
+/// A trace: (gap before the request in ns, cost).
+fn trace(window: Nanos, max_cost: u64) -> impl Strategy<Value = Vec<(Nanos, u64)>> {
+    // Gaps from 0 (bursts) to a quarter window, with the odd long pause.
+    let gap = prop_oneof![
+        4 => 0..window / 4,
+        1 => Just(0),
+        1 => window / 2..window * 2,
+    ];
+    prop::collection::vec((gap, 0..=max_cost), 1..160)
+}
+
+fn windows() -> impl Strategy<Value = Nanos> {
+    prop_oneof![Just(S), Just(60 * S), Just(7 * S / 3), 1_000u64..10 * S]
+}
+
+/// Any algorithm, on whichever state it keeps.
+type AnyCheck = dyn Fn(&mut KeyState, &mut LogState, Nanos, u64) -> Decision;
+
+/// Runs `check` over the trace; returns every request as (time, cost, decision).
+fn run(
+    trace: &[(Nanos, u64)],
+    mut check: impl FnMut(Nanos, u64) -> Decision,
+) -> Vec<(Nanos, u64, Decision)> {
+    let mut now = START;
+    trace
+        .iter()
+        .map(|&(gap, cost)| {
+            now += gap;
+            (now, cost, check(now, cost))
+        })
+        .collect()
+}
+
+fn admitted(events: &[(Nanos, u64, Decision)]) -> Vec<(Nanos, u64)> {
+    events
+        .iter()
+        .filter(|e| e.2.allowed)
+        .map(|e| (e.0, e.1))
+        .collect()
+}
+
+/// Largest total cost admitted in any half-open interval `[t, t + span)` starting at an admission.
+fn max_in_span(adm: &[(Nanos, u64)], span: Nanos) -> u64 {
+    adm.iter()
+        .map(|&(t, _)| {
+            adm.iter()
+                .filter(|&&(u, _)| u >= t && u < t + span)
+                .map(|e| e.1)
+                .sum()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Asserts the bucket bound: for all admissions i <= j,
+/// `sum(cost i..=j) × window <= burst × window + limit × (t_j - t_i)`.
+fn assert_bucket_bound(adm: &[(Nanos, u64)], limit: u64, window: Nanos, burst: u64) {
+    for i in 0..adm.len() {
+        let mut sum = 0u128;
+        for j in i..adm.len() {
+            sum += adm[j].1 as u128;
+            let allowance =
+                burst as u128 * window as u128 + limit as u128 * (adm[j].0 - adm[i].0) as u128;
+            assert!(
+                sum * window as u128 <= allowance,
+                "admitted {sum} between {} and {} ns",
+                adm[i].0,
+                adm[j].0
+            );
+        }
+    }
+}
+
+/// A token bucket kept the textbook way, (tokens, last refill), with exact fractions:
+/// tokens are held in units of 1/window. The reference the real ones must agree with.
+struct ReferenceBucket {
+    limit: u128,
+    window: u128,
+    capacity: u128,
+    tokens: u128,
+    last: Nanos,
+}
+
+impl ReferenceBucket {
+    fn new(limit: u64, window: Nanos, burst: u64) -> Self {
+        let capacity = burst as u128 * window as u128;
+        Self {
+            limit: limit as u128,
+            window: window as u128,
+            capacity,
+            tokens: capacity,
+            last: 0,
+        }
+    }
+
+    fn check(&mut self, now: Nanos, cost: u64) -> bool {
+        let elapsed = now.saturating_sub(self.last) as u128;
+        self.tokens = (self.tokens + elapsed * self.limit).min(self.capacity);
+        self.last = now.max(self.last);
+        let need = cost as u128 * self.window;
+        if need <= self.tokens && self.limit > 0 {
+            self.tokens -= need;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sliding_log_never_admits_more_than_limit_in_any_rolling_window(
+        limit in 1u64..12, window in windows(), tr in windows().prop_flat_map(|w| trace(w, 3)),
+    ) {
+        let log = SlidingLog { limit, window };
+        let mut st = LogState::default();
+        let events = run(&tr, |now, cost| log.check(&mut st, now, cost));
+        prop_assert!(max_in_span(&admitted(&events), window) <= limit);
+    }
+
+    #[test]
+    fn token_bucket_gcra_and_leaky_meter_admit_the_same_and_keep_the_bound(
+        limit in 1u64..20, burst in 1u64..30, window in windows(),
+        tr in windows().prop_flat_map(|w| trace(w, 4)),
+    ) {
+        let tb = TokenBucket { limit, window, burst };
+        let gcra = Gcra { limit, window, burst };
+        let meter = LeakyBucket { limit, window, burst, mode: LeakyMode::Meter };
+        let mut reference = ReferenceBucket::new(limit, window, burst);
+        let (mut a, mut b, mut c) = (KeyState::default(), KeyState::default(), KeyState::default());
+        let mut now = START;
+        let mut adm = Vec::new();
+        for &(gap, cost) in &tr {
+            now += gap;
+            let (da, db, dc) = (tb.check(&mut a, now, cost), gcra.check(&mut b, now, cost), meter.check(&mut c, now, cost));
+            let dr = reference.check(now, cost);
+            prop_assert_eq!(da.allowed, dr, "token bucket vs reference at {}", now);
+            prop_assert_eq!(db.allowed, dr, "gcra vs reference at {}", now);
+            prop_assert_eq!(dc.allowed, dr, "leaky meter vs reference at {}", now);
+            prop_assert_eq!(da.remaining, db.remaining);
+            if da.allowed {
+                adm.push((now, cost));
+            }
+        }
+        assert_bucket_bound(&adm, limit, window, burst);
+    }
+
+    #[test]
+    fn fixed_window_never_exceeds_limit_per_aligned_window(
+        limit in 1u64..15, window in windows(), tr in windows().prop_flat_map(|w| trace(w, 3)),
+    ) {
+        let fw = FixedWindow { limit, window };
+        let mut st = KeyState::default();
+        let adm = admitted(&run(&tr, |now, cost| fw.check(&mut st, now, cost)));
+        let mut per_window = std::collections::HashMap::new();
+        for (t, c) in adm {
+            *per_window.entry(t / window).or_insert(0u64) += c;
+        }
+        prop_assert!(per_window.values().all(|&n| n <= limit));
+    }
+
+    #[test]
+    fn sliding_window_stays_within_its_documented_bound(
+        limit in 1u64..15, window in windows(), tr in windows().prop_flat_map(|w| trace(w, 3)),
+    ) {
+        let sw = SlidingWindow { limit, window };
+        let mut st = KeyState::default();
+        let adm = admitted(&run(&tr, |now, cost| sw.check(&mut st, now, cost)));
+        let mut per_window = std::collections::HashMap::new();
+        for &(t, c) in &adm {
+            *per_window.entry(t / window).or_insert(0u64) += c;
+        }
+        prop_assert!(per_window.values().all(|&n| n <= limit), "aligned window over limit");
+        prop_assert!(max_in_span(&adm, window) <= 2 * limit, "rolling window over 2 × limit");
+    }
+
+    #[test]
+    fn a_rejection_charges_nothing_and_retry_after_is_exact(
+        which in 0usize..6, limit in 1u64..10, burst in 1u64..12, window in windows(),
+        tr in windows().prop_flat_map(|w| trace(w, 4)),
+    ) {
+        // For every rejection that can pass later: the state is untouched, the same
+        // request one nanosecond before `retry_after` still fails, and at it passes.
+        let mut key = KeyState::default();
+        let mut log = LogState::default();
+        let algo: Box<AnyCheck> = match which {
+            0 => Box::new(move |k, _, t, c| FixedWindow { limit, window }.check(k, t, c)),
+            1 => Box::new(move |k, _, t, c| SlidingWindow { limit, window }.check(k, t, c)),
+            2 => Box::new(move |_, l, t, c| SlidingLog { limit, window }.check(l, t, c)),
+            3 => Box::new(move |k, _, t, c| TokenBucket { limit, window, burst }.check(k, t, c)),
+            4 => Box::new(move |k, _, t, c| Gcra { limit, window, burst }.check(k, t, c)),
+            _ => Box::new(move |k, _, t, c| LeakyBucket { limit, window, burst, mode: LeakyMode::Queue }.check(k, t, c)),
+        };
+        let mut now = START;
+        for &(gap, cost) in &tr {
+            now += gap;
+            let (k0, l0) = (key, log.clone());
+            let d = algo(&mut key, &mut log, now, cost);
+            if d.allowed {
+                continue;
+            }
+            prop_assert_eq!(key, k0, "a rejection changed the state");
+            // Pruning entries that left the window is not a charge; adding one would be.
+            prop_assert!(log.used() <= l0.used(), "a rejection was logged");
+            if d.retry_after == NEVER {
+                continue;
+            }
+            prop_assert!(d.retry_after > 0);
+            let (mut k1, mut l1) = (key, log.clone());
+            prop_assert!(!algo(&mut k1, &mut l1, now + d.retry_after - 1, cost).allowed, "passed before retry_after");
+            let (mut k2, mut l2) = (key, log.clone());
+            prop_assert!(algo(&mut k2, &mut l2, now + d.retry_after, cost).allowed, "failed at retry_after {}", d.retry_after);
+        }
+    }
+
+    #[test]
+    fn queued_requests_never_leave_faster_than_the_drain_rate(
+        limit in 1u64..20, burst in 1u64..20, window in windows(),
+        tr in windows().prop_flat_map(|w| trace(w, 1)),
+    ) {
+        let q = LeakyBucket { limit, window, burst, mode: LeakyMode::Queue };
+        let mut st = KeyState::default();
+        let events = run(&tr, |now, cost| q.check(&mut st, now, cost));
+        let mut departures: Vec<Nanos> = events.iter()
+            .filter(|e| e.2.allowed && e.1 > 0)
+            .map(|e| e.0 + e.2.delay)
+            .collect();
+        let sorted = { let mut s = departures.clone(); s.sort_unstable(); s };
+        prop_assert_eq!(&departures, &sorted, "departures out of arrival order");
+        departures.dedup();
+        for pair in departures.windows(2) {
+            // window / limit between departures, up to the 1 ns rounding of each delay.
+            prop_assert!((pair[1] - pair[0]) as u128 * limit as u128 + limit as u128 >= window as u128);
+        }
+        for e in events.iter().filter(|e| e.2.allowed) {
+            prop_assert!(e.2.delay as u128 * limit as u128 <= (burst - e.1.min(burst)) as u128 * window as u128 + limit as u128);
+        }
+    }
+
+    #[test]
+    fn a_lockout_admits_nothing_until_it_ends(
+        limit in 1u64..6, block_secs in 1u64..120, tr in trace(60 * S, 2),
+    ) {
+        let fw = FixedWindow { limit, window: 60 * S };
+        let lockout = Lockout::new(Duration::from_secs(block_secs));
+        let (mut st, mut until) = (KeyState::default(), 0);
+        // (index of the request that started it, start, end)
+        let mut lockouts: Vec<(usize, Nanos, Nanos)> = Vec::new();
+        let mut i = 0;
+        let events = run(&tr, |now, cost| {
+            let was_locked = now < until;
+            let d = lockout.check(&mut until, now, limit, |t| fw.check(&mut st, t, cost));
+            if !was_locked && now < until {
+                lockouts.push((i, now, until));
+            }
+            i += 1;
+            d
+        });
+        for (j, (t, _, d)) in events.iter().enumerate() {
+            if d.allowed {
+                let inside = lockouts.iter().any(|&(k, from, to)| j > k && *t >= from && *t < to);
+                prop_assert!(!inside, "request {} admitted at {} inside a lockout", j, t);
+            }
+        }
+        let lock_ends: Vec<(Nanos, Nanos)> = lockouts.iter().map(|l| (l.1, l.2)).collect();
+        for &(from, to) in &lock_ends {
+            prop_assert_eq!(to - from, block_secs * S);
+        }
+    }
+}
+
+#[test]
+fn a_fixed_window_lets_twice_the_limit_through_across_a_boundary() {
+    // The documented weakness: 10 per minute, 10 at 59.9 s and 10 more at 60.0 s.
+    let fw = FixedWindow::new(10, Duration::from_secs(60));
+    let mut st = KeyState::default();
+    let before = START + 59 * S + 900_000_000;
+    let after = START + 60 * S;
+    let n = (0..10)
+        .filter(|_| fw.check(&mut st, before, 1).allowed)
+        .count()
+        + (0..10)
+            .filter(|_| fw.check(&mut st, after, 1).allowed)
+            .count();
+    assert_eq!(n, 20, "20 admitted within 100 ms");
+    // A sliding log of the same numbers admits only the first 10.
+    let log = SlidingLog::new(10, Duration::from_secs(60));
+    let mut ls = LogState::default();
+    let m = (0..10)
+        .filter(|_| log.check(&mut ls, before, 1).allowed)
+        .count()
+        + (0..10)
+            .filter(|_| log.check(&mut ls, after, 1).allowed)
+            .count();
+    assert_eq!(m, 10);
+}
