@@ -1,16 +1,33 @@
 //! `tollgate`: the rate limit service, gateway and tools. See `tollgate --help`.
 
 mod cli;
+mod conformance;
+mod validate;
 
-use clap::Parser;
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
-    match cli.command {
+use clap::{CommandFactory, Parser};
+use cli::{Cli, Command};
+use tollgate::rules::LoadOptions;
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
         None => {
-            // No subcommand yet does work: show what there is.
-            let _ = <cli::Cli as clap::CommandFactory>::command().print_help();
-            std::process::ExitCode::SUCCESS
+            let _ = Cli::command().print_help();
+            ExitCode::SUCCESS
         }
+        Some(Command::Validate {
+            paths,
+            merge_domains,
+        }) => exit(validate::run(&paths, LoadOptions { merge_domains })),
+        Some(Command::Conformance { dir, store }) => exit(conformance::report(&dir, &store)),
+    }
+}
+
+fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -34,6 +34,8 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+pub mod limiter;
+pub mod rules;
 pub mod store;
 
 pub use decision::Decision;

@@ -164,7 +164,11 @@ impl MemoryStore {
             }
             decisions.push(self.decide(shard, fp, check, now));
         }
-        if decisions.iter().any(|d| !d.allowed) {
+        if decisions
+            .iter()
+            .zip(checks)
+            .any(|(d, c)| !d.allowed && !c.shadow)
+        {
             // Put back every state the admitted checks charged. Lockouts live apart
             // and stay: a rejected check keeps the lockout it started.
             for u in undo.into_iter().rev() {

@@ -26,6 +26,9 @@ pub struct Check<'a> {
     pub key: &'a [u8],
     /// What the request costs: hits, bytes, ... 0 checks without charging.
     pub cost: u64,
+    /// Shadow mode: decided and charged like any check, but its rejection does not
+    /// reject the request (nor undo the other checks).
+    pub shadow: bool,
 }
 
 impl<'a> Check<'a> {
@@ -35,7 +38,14 @@ impl<'a> Check<'a> {
             limit,
             key: key.as_ref(),
             cost,
+            shadow: false,
         }
+    }
+
+    /// The same check in shadow mode (see [`Check::shadow`](Self#structfield.shadow)).
+    pub fn in_shadow(mut self) -> Self {
+        self.shadow = true;
+        self
     }
 }
 
@@ -53,8 +63,8 @@ pub enum Error {
 
 /// Keeps per-key state and runs the algorithms on it atomically.
 pub trait Store: Send + Sync {
-    /// Decides every check of one request at `now`, atomically: either every check is
-    /// admitted and charged, or none is charged (lockouts started by a rejected check
+    /// Decides every check of one request at `now`, atomically: either every check not
+    /// in shadow mode is admitted and every admitted check is charged, or none is charged (lockouts started by a rejected check
     /// still start). Decisions come back in the order of `checks`; when the request is
     /// rejected, a check whose own limit had room still says `allowed`, with the
     /// remaining it has uncharged. A store with a time

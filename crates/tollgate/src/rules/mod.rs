@@ -1,0 +1,61 @@
+//! The rule engine: rule files in Envoy's rate limit service format (plus Tollgate's
+//! extensions), validation with file, line and column, matching, and hot reload.
+//!
+//! ```
+//! let set = tollgate::rules::from_str("api.yaml", r#"
+//! domain: api
+//! descriptors:
+//!   - key: user
+//!     rate_limit: {unit: minute, requests_per_unit: 60}
+//!     descriptors:
+//!       - key: path
+//!         value: /upload*
+//!         rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+//! "#)?;
+//! let api = set.domain("api").expect("loaded");
+//! let m = api.find(&[("user", "alice"), ("path", "/upload/photo")]).expect("a rule");
+//! assert_eq!(m.rule.limits[0].requests_per_unit, 5);
+//! assert!(api.find(&[("user", "alice"), ("path", "/download")]).is_none());
+//! # Ok::<(), tollgate::rules::ConfigErrors>(())
+//! ```
+//!
+//! ## The format
+//! A YAML document with `domain` and a tree of `descriptors`. A descriptor has `key`,
+//! optional `value` (with `*` wildcards), optional `rate_limit` (`unit`,
+//! `requests_per_unit`, `unlimited`, `name`, `replaces: [{name}]`), `shadow_mode`,
+//! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`, `metadata`
+//! and nested `descriptors`. A top-level `http` section belongs to the gateway and is
+//! ignored here. Any other key is an error.
+//!
+//! Tollgate's extensions, inside a rate limit: `algorithm` (`fixed_window` by default,
+//! `sliding_window`, `sliding_log`, `token_bucket`, `gcra`, `leaky_bucket`), `burst`,
+//! `mode` (`meter` or `queue`, leaky bucket only), `block_duration` (`15m`, `900s`,
+//! `1h`, `1d`), `overage_percent` (soft throttling); and on a descriptor, `rate_limits:`
+//! (a list of limits that must all pass) instead of `rate_limit:`.
+//!
+//! `quota_mode` and `metadata` are accepted so that Envoy rule files load unchanged;
+//! Tollgate gives them no behaviour (a limit with `quota_mode` is enforced as usual).
+//! YAML anchors and aliases are not supported.
+//!
+//! ## Matching
+//! See [`Domain::find`]. Counters are per runtime value, except below a wildcard rule
+//! with `share_threshold`, where every matching value shares one counter.
+
+mod error;
+mod load;
+mod reload;
+mod tree;
+mod unit;
+#[cfg(feature = "watch")]
+mod watch;
+mod yaml;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use load::{from_str, load, LoadOptions};
+pub use reload::{summary, ReloadOutcome, Rules};
+pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
+pub use unit::Unit;
+#[cfg(all(feature = "watch", unix))]
+pub use watch::reload_on_sighup;
+#[cfg(feature = "watch")]
+pub use watch::{watch, Watcher};

@@ -1,0 +1,292 @@
+//! The compiled rule tree and Envoy's matching: by depth; exact value, then wildcard
+//! (file order, first match), then bare key.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::Unit;
+use crate::algorithm::Limit;
+
+/// Index of a [`Rule`] within its [`Domain`].
+pub type RuleId = usize;
+
+/// A validated, compiled set of rules: every domain, ready to match.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    pub(crate) domains: HashMap<String, Arc<Domain>>,
+    pub(crate) files: Vec<PathBuf>,
+    pub(crate) loaded_at: Option<SystemTime>,
+}
+
+impl RuleSet {
+    /// The domain called `name`.
+    pub fn domain(&self, name: &str) -> Option<&Arc<Domain>> {
+        self.domains.get(name)
+    }
+
+    /// Every domain, in name order.
+    pub fn domains(&self) -> Vec<&Arc<Domain>> {
+        let mut all: Vec<_> = self.domains.values().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// The files the set was loaded from.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// When the set was loaded (None for a set built from a string).
+    pub fn loaded_at(&self) -> Option<SystemTime> {
+        self.loaded_at
+    }
+}
+
+/// One domain's rule tree.
+#[derive(Debug)]
+pub struct Domain {
+    /// The domain name.
+    pub name: String,
+    /// The files that define it (more than one only when merging is on).
+    pub files: Vec<String>,
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) root: Level,
+}
+
+/// One descriptor of a rule file.
+#[derive(Debug)]
+pub struct Rule {
+    /// The descriptor key.
+    pub key: String,
+    /// The descriptor value; `None` for a bare-key rule. May hold `*` wildcards.
+    pub value: Option<String>,
+    /// True when `value` holds a `*`.
+    pub wildcard: bool,
+    /// The file and line the descriptor starts at, for messages.
+    pub origin: String,
+    /// The descriptor path used in metric names: `key_value.subkey` as Envoy names it.
+    pub stat_path: String,
+    /// The limits (one for `rate_limit`, several for `rate_limits`, none for an allow-list entry).
+    pub limits: Vec<RuleLimit>,
+    /// `unlimited: true`: answered OK, never counted.
+    pub unlimited: bool,
+    /// Evaluated, counted and reported, never rejects.
+    pub shadow_mode: bool,
+    /// Metrics carry the runtime values of the request, not only the rule path.
+    pub detailed_metric: bool,
+    /// Metrics carry this level's runtime value.
+    pub value_to_metric: bool,
+    /// All values matching this wildcard share one counter.
+    pub share_threshold: bool,
+    /// Accepted for compatibility; see the module documentation.
+    pub quota_mode: bool,
+    pub(crate) parent: Option<RuleId>,
+    pub(crate) children: Level,
+}
+
+/// One limit of a rule, as configured and as the store runs it.
+#[derive(Debug, Clone)]
+pub struct RuleLimit {
+    /// The limit's `name`, if it has one (used by `replaces` and in headers).
+    pub name: Option<String>,
+    /// `requests_per_unit` as configured.
+    pub requests_per_unit: u64,
+    /// The unit.
+    pub unit: Unit,
+    /// Names of the limits this one replaces.
+    pub replaces: Vec<String>,
+    /// Soft throttling: admit up to this many percent over `requests_per_unit`.
+    pub overage_percent: u64,
+    /// What the store runs: the algorithm with the overage added, the lockout, the id.
+    pub limit: Limit,
+    pub(crate) spec: super::yaml::LimitSpec,
+}
+
+impl RuleLimit {
+    /// The limit's numbers replaced by a request's override, keeping its identity,
+    /// algorithm and extensions.
+    pub fn with_override(&self, requests_per_unit: u64, unit: Unit) -> Option<RuleLimit> {
+        let limit = self
+            .spec
+            .build(requests_per_unit, unit, self.limit.id())
+            .ok()?;
+        Some(RuleLimit {
+            requests_per_unit,
+            unit,
+            limit,
+            ..self.clone()
+        })
+    }
+
+    /// A plain epoch-aligned fixed window with counter identity `id`.
+    pub(crate) fn fixed_window(requests_per_unit: u64, unit: Unit, id: u64) -> Option<RuleLimit> {
+        let spec = super::yaml::LimitSpec::default();
+        Some(RuleLimit {
+            name: None,
+            requests_per_unit,
+            unit,
+            replaces: Vec::new(),
+            overage_percent: 0,
+            limit: spec.build(requests_per_unit, unit, id).ok()?,
+            spec,
+        })
+    }
+
+    /// The effective limit the store enforces (`requests_per_unit` plus the overage).
+    pub fn hard_limit(&self) -> u64 {
+        self.limit.limit()
+    }
+}
+
+/// The rules at one nesting level, by key.
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    pub(crate) keys: HashMap<String, KeyRules, ahash::RandomState>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct KeyRules {
+    pub(crate) exact: HashMap<String, RuleId, ahash::RandomState>,
+    pub(crate) wildcards: Vec<(Glob, RuleId)>,
+    pub(crate) bare: Option<RuleId>,
+}
+
+/// The result of matching one request descriptor.
+#[derive(Debug, Clone, Copy)]
+pub struct Match<'a> {
+    /// The rule at the descriptor's depth.
+    pub rule: &'a Rule,
+    /// The domain it belongs to.
+    pub domain: &'a Domain,
+}
+
+impl Domain {
+    /// Finds the rule for a descriptor's entries, as Envoy's service does: level by
+    /// level, an exact value first, then the first wildcard (in file order) that
+    /// matches, then the bare key; an empty value goes straight to the bare key. `None`
+    /// when some level has no rule, or a level short of the last has no children.
+    pub fn find<'a, K, V>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>>
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut level = &self.root;
+        let last = entries.len().checked_sub(1)?;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let rules = level.keys.get(key.as_ref())?;
+            let value = value.as_ref();
+            let id = if value.is_empty() {
+                rules.bare
+            } else {
+                rules
+                    .exact
+                    .get(value)
+                    .copied()
+                    .or_else(|| {
+                        rules
+                            .wildcards
+                            .iter()
+                            .find(|(g, _)| g.matches(value))
+                            .map(|w| w.1)
+                    })
+                    .or(rules.bare)
+            }?;
+            let rule = &self.rules[id];
+            if i == last {
+                return Some(Match { rule, domain: self });
+            }
+            if rule.children.keys.is_empty() {
+                return None;
+            }
+            level = &rule.children;
+        }
+        None
+    }
+
+    /// The rule that holds `rule` as a child.
+    pub fn parent(&self, rule: &Rule) -> Option<&Rule> {
+        rule.parent.map(|p| &self.rules[p])
+    }
+
+    /// Number of descriptors (rules) in the domain.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Number of limits in the domain.
+    pub fn limit_count(&self) -> usize {
+        self.rules.iter().map(|r| r.limits.len()).sum()
+    }
+
+    /// Every rule, in file order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+}
+
+/// A value pattern: `*` matches zero or more characters, anywhere, any number of times.
+#[derive(Debug, Clone)]
+pub(crate) struct Glob {
+    parts: Vec<String>,
+}
+
+impl Glob {
+    pub(crate) fn new(pattern: &str) -> Self {
+        Self {
+            parts: pattern.split('*').map(str::to_string).collect(),
+        }
+    }
+
+    pub(crate) fn matches(&self, text: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(x) => x,
+            None => return text.is_empty(),
+        };
+        let Some(mut tail) = text.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return tail.is_empty(); // no `*` at all
+        };
+        for part in middle {
+            match tail.find(part.as_str()) {
+                Some(at) => tail = &tail[at + part.len()..],
+                None => return false,
+            }
+        }
+        tail.len() >= last.len() && tail.ends_with(last.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Glob;
+
+    #[test]
+    fn stars_match_any_run_of_characters_anywhere() {
+        let cases = [
+            ("foo*", "foo", true),
+            ("foo*", "foobar", true),
+            ("foo*", "xfoo", false),
+            ("bar*b", "barb", true),
+            ("bar*b", "bar123b", true),
+            ("bar*b", "bar", false),
+            ("bar*b", "xbarb", false),
+            ("*", "", true),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "a-b-b-c", true),
+            ("a*b*c", "acb", false),
+            ("*mid*", "has mid inside", true),
+            ("ab*ba", "aba", false),
+        ];
+        for (pattern, text, expected) in cases {
+            assert_eq!(
+                Glob::new(pattern).matches(text),
+                expected,
+                "{pattern} ~ {text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,781 @@
+//! Reading one rule file: YAML with positions (marked-yaml), validated key by key so
+//! that every problem is reported with its line and column, not only the first.
+
+use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+
+use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
+use marked_yaml::{LoaderOptions, Node, Span};
+
+use super::error::ConfigError;
+use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
+use super::Unit;
+use crate::algorithm::{
+    Algorithm, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit, SlidingLog,
+    SlidingWindow, TokenBucket,
+};
+
+/// The algorithm-related settings of one limit, kept so that a request's override of
+/// the numbers can be built with the same algorithm and extensions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct LimitSpec {
+    algorithm: AlgorithmName,
+    burst: Option<u64>,
+    block: Duration,
+    queue: bool,
+    overage_percent: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+enum AlgorithmName {
+    #[default]
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+}
+
+const ALGORITHMS: &str =
+    "fixed_window, sliding_window, sliding_log, token_bucket, gcra, leaky_bucket";
+
+impl AlgorithmName {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "fixed_window" => Self::FixedWindow,
+            "sliding_window" => Self::SlidingWindow,
+            "sliding_log" => Self::SlidingLog,
+            "token_bucket" => Self::TokenBucket,
+            "gcra" => Self::Gcra,
+            "leaky_bucket" => Self::LeakyBucket,
+            _ => return None,
+        })
+    }
+
+    fn is_bucket(self) -> bool {
+        matches!(self, Self::TokenBucket | Self::Gcra | Self::LeakyBucket)
+    }
+}
+
+impl LimitSpec {
+    /// The store's [`Limit`] for `requests_per_unit` per `unit`, with the overage added.
+    pub(crate) fn build(
+        &self,
+        requests_per_unit: u64,
+        unit: Unit,
+        id: u64,
+    ) -> Result<Limit, InvalidLimit> {
+        let grow = |n: u64| n.saturating_add(n.saturating_mul(self.overage_percent) / 100);
+        let n = grow(requests_per_unit);
+        let burst = grow(self.burst.unwrap_or(requests_per_unit));
+        let w = Duration::from_secs(unit.seconds());
+        let algorithm = match self.algorithm {
+            AlgorithmName::FixedWindow => Algorithm::FixedWindow(FixedWindow::new(n, w)),
+            AlgorithmName::SlidingWindow => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
+            AlgorithmName::SlidingLog => Algorithm::SlidingLog(SlidingLog::new(n, w)),
+            AlgorithmName::TokenBucket => {
+                Algorithm::TokenBucket(TokenBucket::new(n, w).with_burst(burst))
+            }
+            AlgorithmName::Gcra => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst)),
+            AlgorithmName::LeakyBucket => {
+                let mode = if self.queue {
+                    LeakyMode::Queue
+                } else {
+                    LeakyMode::Meter
+                };
+                Algorithm::LeakyBucket(LeakyBucket::new(n, w, mode).with_burst(burst))
+            }
+        };
+        Ok(Limit::new(algorithm)?.with_lockout(self.block).with_id(id))
+    }
+}
+
+/// Collects errors for one file.
+pub(crate) struct Reader<'a> {
+    file: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(file: &'a str) -> Self {
+        Self {
+            file,
+            errors: Vec::new(),
+        }
+    }
+
+    pub(crate) fn into_errors(self) -> Vec<ConfigError> {
+        self.errors
+    }
+
+    fn error(&mut self, span: &Span, message: impl Into<String>) {
+        let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+        self.errors.push(ConfigError {
+            file: self.file.to_string(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+
+    fn origin(&self, span: &Span) -> String {
+        format!("{}:{}", self.file, span.start().map_or(0, |m| m.line()))
+    }
+
+    /// Parses a whole file into a draft domain (`None` when it could not be read at all).
+    pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
+        let options = LoaderOptions::default()
+            .error_on_duplicate_keys(true)
+            .prevent_coercion(true);
+        let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
+            Ok(root) => root,
+            Err(e) => {
+                self.yaml_error(e);
+                return None;
+            }
+        };
+        let Some(top) = root.as_mapping() else {
+            self.error(
+                root.span(),
+                "a rule file must be a mapping with `domain` and `descriptors`",
+            );
+            return None;
+        };
+        self.check_keys(top, &["domain", "descriptors", "http"], "the top level");
+        let domain = match top
+            .get_scalar("domain")
+            .map(|s| s.as_str().trim().to_string())
+        {
+            Some(d) if !d.is_empty() => Some(d),
+            Some(_) => {
+                let span = top.get_node("domain").map_or(*top.span(), |n| *n.span());
+                self.error(&span, "`domain` is empty: every rule file names its domain");
+                None
+            }
+            None => {
+                if let Some(n) = top.get_node("domain") {
+                    self.error(n.span(), "`domain` must be a string");
+                } else {
+                    self.error(
+                        top.span(),
+                        "the file has no `domain`: every rule file names its domain",
+                    );
+                }
+                None
+            }
+        };
+        let descriptors = match top.get_node("descriptors") {
+            None => Vec::new(),
+            Some(n) => self.descriptors(n),
+        };
+        Some(DraftDomain {
+            name: domain?,
+            file: self.file.to_string(),
+            span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
+            descriptors,
+        })
+    }
+
+    fn yaml_error(&mut self, e: marked_yaml::LoadError) {
+        use marked_yaml::LoadError as E;
+        let (marker, message) = match &e {
+            E::TopLevelMustBeMapping(m) => (
+                Some(*m),
+                "a rule file must be a mapping with `domain` and `descriptors`".to_string(),
+            ),
+            E::UnexpectedAnchor(m) => (
+                Some(*m),
+                "YAML anchors and aliases are not supported in rule files".to_string(),
+            ),
+            E::MappingKeyMustBeScalar(m) => {
+                (Some(*m), "a mapping key must be a plain string".to_string())
+            }
+            E::UnexpectedTag(m) => (
+                Some(*m),
+                "YAML tags are not supported in rule files".to_string(),
+            ),
+            E::ScanError(m, se) => (Some(*m), format!("not valid YAML: {}", se.info())),
+            E::DuplicateKey(d) => (
+                d.key.span().start().copied(),
+                format!(
+                    "duplicate key `{}` (first given on line {})",
+                    d.key.as_str(),
+                    d.prev_key.span().start().map_or(0, |m| m.line())
+                ),
+            ),
+            other => (None, format!("not valid YAML: {other}")),
+        };
+        let span = marker.map_or_else(Span::new_blank, Span::new_start);
+        self.error(&span, message);
+    }
+
+    /// Reports every key of `map` not in `allowed`.
+    fn check_keys(&mut self, map: &MarkedMappingNode, allowed: &[&str], place: &str) {
+        for key in map.keys() {
+            if !allowed.contains(&key.as_str()) {
+                self.error(
+                    key.span(),
+                    format!(
+                        "unknown key `{}` in {place} (expected one of: {})",
+                        key.as_str(),
+                        allowed.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
+    fn descriptors(&mut self, node: &Node) -> Vec<DraftRule> {
+        let Some(seq) = node.as_sequence() else {
+            self.error(node.span(), "`descriptors` must be a list");
+            return Vec::new();
+        };
+        seq.iter()
+            .filter_map(|item| self.descriptor(item))
+            .collect()
+    }
+
+    fn descriptor(&mut self, node: &Node) -> Option<DraftRule> {
+        let Some(map) = node.as_mapping() else {
+            self.error(
+                node.span(),
+                "a descriptor must be a mapping with at least `key`",
+            );
+            return None;
+        };
+        self.check_keys(
+            map,
+            &[
+                "key",
+                "value",
+                "rate_limit",
+                "rate_limits",
+                "shadow_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "share_threshold",
+                "quota_mode",
+                "metadata",
+                "descriptors",
+            ],
+            "a descriptor",
+        );
+        let key = match map.get_node("key") {
+            None => {
+                self.error(map.span(), "a descriptor needs a `key`");
+                None
+            }
+            Some(n) => match n.as_scalar() {
+                Some(s) if !s.as_str().is_empty() => Some(s.as_str().to_string()),
+                Some(s) => {
+                    self.error(s.span(), "a descriptor's `key` is empty");
+                    None
+                }
+                None => {
+                    self.error(n.span(), "a descriptor's `key` must be a string");
+                    None
+                }
+            },
+        };
+        let value = match map.get_node("value") {
+            None => None,
+            Some(n) => match n.as_scalar() {
+                Some(s) if !s.as_str().is_empty() => Some(s.as_str().to_string()),
+                Some(_) => None, // an empty value is the bare key, as in Envoy's service
+                None => {
+                    self.error(n.span(), "a descriptor's `value` must be a string");
+                    None
+                }
+            },
+        };
+        let flag = |r: &mut Self, name: &str| r.bool_field(map, name).unwrap_or(false);
+        let shadow_mode = flag(self, "shadow_mode");
+        let detailed_metric = flag(self, "detailed_metric");
+        let value_to_metric = flag(self, "value_to_metric");
+        let share_threshold = flag(self, "share_threshold");
+        let quota_mode = flag(self, "quota_mode");
+        if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            let span = map
+                .get_node("share_threshold")
+                .map_or(*map.span(), |n| *n.span());
+            self.error(
+                &span,
+                "`share_threshold` needs a wildcard `value` (one with `*`) to share",
+            );
+        }
+        let mut limits = Vec::new();
+        let mut unlimited = false;
+        match (map.get_node("rate_limit"), map.get_node("rate_limits")) {
+            (Some(one), Some(_)) => {
+                self.error(
+                    one.span(),
+                    "give either `rate_limit` or `rate_limits`, not both",
+                );
+            }
+            (Some(one), None) => match self.rate_limit(one, true) {
+                Some(DraftLimit::Unlimited) => unlimited = true,
+                Some(DraftLimit::Limited(l)) => limits.push(l),
+                None => {}
+            },
+            (None, Some(many)) => match many.as_sequence() {
+                Some(seq) if !seq.is_empty() => {
+                    for item in seq.iter() {
+                        if let Some(DraftLimit::Limited(l)) = self.rate_limit(item, false) {
+                            limits.push(l);
+                        }
+                    }
+                }
+                _ => self.error(
+                    many.span(),
+                    "`rate_limits` must be a non-empty list of limits",
+                ),
+            },
+            (None, None) => {}
+        }
+        let children = map
+            .get_node("descriptors")
+            .map(|n| self.descriptors(n))
+            .unwrap_or_default();
+        Some(DraftRule {
+            key: key?,
+            value,
+            span: *map.span(),
+            origin: self.origin(map.span()),
+            limits,
+            unlimited,
+            shadow_mode,
+            detailed_metric,
+            value_to_metric,
+            share_threshold,
+            quota_mode,
+            children,
+        })
+    }
+
+    fn bool_field(&mut self, map: &MarkedMappingNode, name: &str) -> Option<bool> {
+        let node = map.get_node(name)?;
+        match node.as_scalar().map(|s| s.as_str().to_ascii_lowercase()) {
+            Some(s) if s == "true" => Some(true),
+            Some(s) if s == "false" => Some(false),
+            _ => {
+                self.error(node.span(), format!("`{name}` must be true or false"));
+                None
+            }
+        }
+    }
+
+    fn number(&mut self, map: &MarkedMappingNode, name: &str, max: u64) -> Option<u64> {
+        let node = map.get_node(name)?;
+        let text = node.as_scalar().map(MarkedScalarNode::as_str);
+        match text
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|&n| n <= max)
+        {
+            Some(n) => Some(n),
+            None => {
+                self.error(
+                    node.span(),
+                    format!(
+                        "`{name}` must be a whole number from 0 to {max}, got `{}`",
+                        text.unwrap_or("a non-scalar")
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn rate_limit(&mut self, node: &Node, allow_unlimited: bool) -> Option<DraftLimit> {
+        let Some(map) = node.as_mapping() else {
+            self.error(
+                node.span(),
+                "a rate limit must be a mapping with `unit` and `requests_per_unit`",
+            );
+            return None;
+        };
+        self.check_keys(
+            map,
+            &[
+                "unit",
+                "requests_per_unit",
+                "unlimited",
+                "name",
+                "replaces",
+                "algorithm",
+                "burst",
+                "block_duration",
+                "overage_percent",
+                "mode",
+            ],
+            "a rate limit",
+        );
+        let unlimited = self.bool_field(map, "unlimited").unwrap_or(false);
+        if unlimited {
+            if !allow_unlimited {
+                self.error(
+                    map.span(),
+                    "`unlimited` is not allowed inside `rate_limits`",
+                );
+            }
+            for other in [
+                "unit",
+                "requests_per_unit",
+                "algorithm",
+                "burst",
+                "block_duration",
+            ] {
+                if let Some(n) = map.get_node(other) {
+                    self.error(
+                        n.span(),
+                        format!("an `unlimited` rate limit cannot also have a `{other}`"),
+                    );
+                }
+            }
+            return Some(DraftLimit::Unlimited);
+        }
+        let unit = match map.get_node("unit") {
+            None => {
+                self.error(
+                    map.span(),
+                    "a rate limit needs a `unit` (second, minute, hour, day, week, month or year)",
+                );
+                None
+            }
+            Some(n) => {
+                let text = n.as_scalar().map(MarkedScalarNode::as_str).unwrap_or("");
+                let unit = Unit::parse(text);
+                if unit.is_none() {
+                    self.error(n.span(), format!("unknown unit `{text}` (expected second, minute, hour, day, week, month or year)"));
+                }
+                unit
+            }
+        };
+        let rpu = if map.get_node("requests_per_unit").is_none() {
+            self.error(map.span(), "a rate limit needs `requests_per_unit`");
+            None
+        } else {
+            self.number(map, "requests_per_unit", u64::from(u32::MAX))
+        };
+        let name = map.get_scalar("name").map(|s| s.as_str().to_string());
+        let replaces = self.replaces(map);
+        let mut spec = LimitSpec::default();
+        if let Some(n) = map.get_node("algorithm") {
+            let text = n.as_scalar().map(MarkedScalarNode::as_str).unwrap_or("");
+            match AlgorithmName::parse(text) {
+                Some(a) => spec.algorithm = a,
+                None => self.error(
+                    n.span(),
+                    format!("unknown algorithm `{text}` (expected one of: {ALGORITHMS})"),
+                ),
+            }
+        }
+        if let Some(n) = map.get_node("burst") {
+            if !spec.algorithm.is_bucket() {
+                self.error(
+                    n.span(),
+                    "`burst` applies only to token_bucket, gcra and leaky_bucket",
+                );
+            }
+            spec.burst = self.number(map, "burst", u64::from(u32::MAX));
+        }
+        if let Some(n) = map.get_node("mode") {
+            match n.as_scalar().map(MarkedScalarNode::as_str) {
+                Some("queue") if spec.algorithm == AlgorithmName::LeakyBucket => spec.queue = true,
+                Some("meter") if spec.algorithm == AlgorithmName::LeakyBucket => {}
+                _ => self.error(
+                    n.span(),
+                    "`mode` is `meter` or `queue`, and only with `algorithm: leaky_bucket`",
+                ),
+            }
+        }
+        if let Some(n) = map.get_node("block_duration") {
+            match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
+                Some(d) => spec.block = d,
+                None => self.error(
+                    n.span(),
+                    "`block_duration` must be a duration such as 900s, 15m, 1h or 1d",
+                ),
+            }
+        }
+        if map.get_node("overage_percent").is_some() {
+            spec.overage_percent = self.number(map, "overage_percent", 1000).unwrap_or(0);
+        }
+        let (unit, rpu) = (unit?, rpu?);
+        if spec.algorithm == AlgorithmName::SlidingLog && rpu > 100_000 {
+            let span = map
+                .get_node("requests_per_unit")
+                .map_or(*map.span(), |n| *n.span());
+            self.error(&span, "a sliding_log keeps one entry per request: use sliding_window above 100000 per unit");
+            return None;
+        }
+        Some(DraftLimit::Limited(DraftRateLimit {
+            span: *map.span(),
+            name,
+            requests_per_unit: rpu,
+            unit,
+            replaces,
+            spec,
+        }))
+    }
+
+    fn replaces(&mut self, map: &MarkedMappingNode) -> Vec<(String, Span)> {
+        let Some(node) = map.get_node("replaces") else {
+            return Vec::new();
+        };
+        let Some(seq) = node.as_sequence() else {
+            self.error(node.span(), "`replaces` must be a list of `{name: ...}`");
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for item in seq.iter() {
+            match item.as_mapping().and_then(|m| m.get_scalar("name")) {
+                Some(n) if !n.as_str().is_empty() => {
+                    names.push((n.as_str().to_string(), *n.span()))
+                }
+                _ => self.error(
+                    item.span(),
+                    "each `replaces` entry must be `{name: <limit name>}`",
+                ),
+            }
+        }
+        names
+    }
+}
+
+/// Parses `900s`, `15m`, `1h`, `1d`, `500ms` or a plain number of seconds.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let secs = |k: u64| n.checked_mul(k).map(Duration::from_secs);
+    match unit.trim() {
+        "" | "s" => secs(1),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" => secs(60),
+        "h" => secs(3_600),
+        "d" => secs(86_400),
+        _ => None,
+    }
+}
+
+/// A domain as read from one file, before compiling.
+#[derive(Debug)]
+pub(crate) struct DraftDomain {
+    pub(crate) name: String,
+    pub(crate) file: String,
+    pub(crate) span: Span,
+    pub(crate) descriptors: Vec<DraftRule>,
+}
+
+impl DraftDomain {
+    /// An error at the `domain` line of this file.
+    pub(crate) fn error(&self, message: String) -> ConfigError {
+        let (line, column) = self.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+        ConfigError {
+            file: self.file.clone(),
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct DraftRule {
+    key: String,
+    value: Option<String>,
+    span: Span,
+    origin: String,
+    limits: Vec<DraftRateLimit>,
+    unlimited: bool,
+    shadow_mode: bool,
+    detailed_metric: bool,
+    value_to_metric: bool,
+    share_threshold: bool,
+    quota_mode: bool,
+    children: Vec<DraftRule>,
+}
+
+#[derive(Debug)]
+enum DraftLimit {
+    Unlimited,
+    Limited(DraftRateLimit),
+}
+
+#[derive(Debug)]
+struct DraftRateLimit {
+    span: Span,
+    name: Option<String>,
+    requests_per_unit: u64,
+    unit: Unit,
+    replaces: Vec<(String, Span)>,
+    spec: LimitSpec,
+}
+
+/// Compiles drafts of one domain (several with merging) into a [`Domain`], reporting
+/// duplicates and dangling `replaces` through `errors`.
+pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -> Option<Domain> {
+    let name = drafts.first()?.name.clone();
+    let files: Vec<String> = drafts.iter().map(|d| d.file.clone()).collect();
+    let mut c = Compiler {
+        domain: &name,
+        rules: Vec::new(),
+        errors,
+        names: HashSet::new(),
+        replaces: Vec::new(),
+    };
+    let mut root = Level::default();
+    for draft in drafts {
+        let file = draft.file;
+        c.level(&file, &mut root, draft.descriptors, None, "");
+    }
+    let Compiler {
+        rules,
+        errors,
+        names,
+        replaces,
+        ..
+    } = c;
+    for (file, missing, span) in replaces {
+        if !names.contains(&missing) {
+            let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+            errors.push(ConfigError {
+                file,
+                line,
+                column,
+                message: format!("`replaces` names `{missing}`, but no rate limit in domain `{name}` has that name"),
+            });
+        }
+    }
+    Some(Domain {
+        name,
+        files,
+        rules,
+        root,
+    })
+}
+
+struct Compiler<'a> {
+    domain: &'a str,
+    rules: Vec<Rule>,
+    errors: &'a mut Vec<ConfigError>,
+    names: HashSet<String>,
+    replaces: Vec<(String, String, Span)>,
+}
+
+impl Compiler<'_> {
+    fn level(
+        &mut self,
+        file: &str,
+        level: &mut Level,
+        drafts: Vec<DraftRule>,
+        parent: Option<RuleId>,
+        path: &str,
+    ) {
+        for d in drafts {
+            let segment = match &d.value {
+                Some(v) => format!("{}_{}", d.key, v),
+                None => d.key.clone(),
+            };
+            let stat_path = if path.is_empty() {
+                segment
+            } else {
+                format!("{path}.{segment}")
+            };
+            let id = self.rules.len();
+            let slot = level.keys.entry(d.key.clone()).or_default();
+            let duplicate = match &d.value {
+                None => slot.bare.replace(id).is_some(),
+                Some(v) if v.contains('*') => {
+                    let dup = slot
+                        .wildcards
+                        .iter()
+                        .any(|(_, other)| self.rules[*other].value.as_deref() == Some(v));
+                    if !dup {
+                        slot.wildcards.push((Glob::new(v), id));
+                    }
+                    dup
+                }
+                Some(v) => slot.exact.insert(v.clone(), id).is_some(),
+            };
+            if duplicate {
+                let (line, column) = d.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                let what = match &d.value {
+                    Some(v) => format!("key `{}` with value `{v}`", d.key),
+                    None => format!("key `{}` with no value", d.key),
+                };
+                self.errors.push(ConfigError {
+                    file: file.to_string(),
+                    line,
+                    column,
+                    message: format!("duplicate descriptor: {what} is already defined at this level of domain `{}`", self.domain),
+                });
+                continue;
+            }
+            let mut limits = Vec::new();
+            for (index, l) in d.limits.into_iter().enumerate() {
+                if let Some(n) = &l.name {
+                    self.names.insert(n.clone());
+                }
+                for (name, span) in &l.replaces {
+                    self.replaces.push((file.to_string(), name.clone(), *span));
+                }
+                let id = counter_id(self.domain, &stat_path, index, l.spec);
+                match l.spec.build(l.requests_per_unit, l.unit, id) {
+                    Ok(limit) => limits.push(RuleLimit {
+                        name: l.name,
+                        requests_per_unit: l.requests_per_unit,
+                        unit: l.unit,
+                        replaces: l.replaces.into_iter().map(|r| r.0).collect(),
+                        overage_percent: l.spec.overage_percent,
+                        limit,
+                        spec: l.spec,
+                    }),
+                    Err(e) => {
+                        let (line, column) =
+                            l.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                        self.errors.push(ConfigError {
+                            file: file.to_string(),
+                            line,
+                            column,
+                            message: e.to_string(),
+                        });
+                    }
+                }
+            }
+            self.rules.push(Rule {
+                key: d.key,
+                wildcard: d.value.as_deref().is_some_and(|v| v.contains('*')),
+                value: d.value,
+                origin: d.origin,
+                stat_path: stat_path.clone(),
+                limits,
+                unlimited: d.unlimited,
+                shadow_mode: d.shadow_mode,
+                detailed_metric: d.detailed_metric,
+                value_to_metric: d.value_to_metric,
+                share_threshold: d.share_threshold,
+                quota_mode: d.quota_mode,
+                parent,
+                children: Level::default(),
+            });
+            let mut children = Level::default();
+            self.level(file, &mut children, d.children, Some(id), &stat_path);
+            self.rules[id].children = children;
+        }
+    }
+}
+
+/// A counter's identity: the domain, the rule's place in the tree, which of its limits,
+/// and the algorithm (a new algorithm cannot read the old one's state). The numbers are
+/// left out on purpose: a reload that only changes them keeps the counters.
+fn counter_id(domain: &str, stat_path: &str, index: usize, spec: LimitSpec) -> u64 {
+    let mut h = DefaultHasher::new();
+    (domain, stat_path, index, spec.algorithm, spec.queue).hash(&mut h);
+    h.finish()
+}
