@@ -79,7 +79,7 @@ impl Gcra {
         let new_tat = tat + cost as u128 * window;
         if new_tat - t <= tolerance {
             if cost > 0 {
-                *state = KeyState::from_scaled_instant(new_tat, limit);
+                *state = state.at_least(now, limit).advanced(new_tat - tat, limit);
             }
             let remaining = floor_div(t + tolerance - new_tat, self.window.max(1));
             return Decision::allow(limit, remaining, ceil_div_nanos(new_tat - t, limit));

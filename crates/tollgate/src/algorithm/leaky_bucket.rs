@@ -89,7 +89,8 @@ impl LeakyBucket {
         if level + need <= capacity {
             let new_level = level + need;
             if cost > 0 {
-                *state = KeyState::from_scaled_instant(t + new_level, limit);
+                // empty_at moves later by `need` from max(empty_at, now).
+                *state = state.at_least(now, limit).advanced(need, limit);
             }
             let mut d = Decision::allow(
                 limit,

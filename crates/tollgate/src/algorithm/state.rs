@@ -36,8 +36,10 @@ impl KeyState {
         (self.expires_at as u128 * rate as u128).saturating_sub(self.word as u128)
     }
 
-    /// Stores the exact instant `scaled / rate` (see [`scaled_instant`](Self::scaled_instant)).
+    /// Stores the exact instant `scaled / rate` (the algorithms use [`advanced`](Self::advanced),
+    /// which avoids the u128 division; this is its reference in tests).
     /// An instant beyond `u64::MAX` nanoseconds is clamped there.
+    #[cfg(test)]
     pub(crate) fn from_scaled_instant(scaled: u128, rate: u64) -> Self {
         let rate = rate.max(1) as u128;
         let ceil = scaled.div_ceil(rate);
@@ -55,14 +57,61 @@ impl KeyState {
     }
 }
 
-/// `ceil(n / d)` as nanoseconds, saturating at `u64::MAX`.
-pub(crate) fn ceil_div_nanos(n: u128, d: u64) -> Nanos {
-    u64::try_from(n.div_ceil(d.max(1) as u128)).unwrap_or(u64::MAX)
+impl KeyState {
+    /// The exact instant `max(stored, now)`, as a `KeyState`.
+    pub(crate) fn at_least(&self, now: Nanos, rate: u64) -> KeyState {
+        if self.scaled_instant(rate) >= now as u128 * rate as u128 {
+            *self
+        } else {
+            KeyState {
+                expires_at: now,
+                word: 0,
+            }
+        }
+    }
+
+    /// This exact instant moved later by `delta / rate` ns, without dividing the whole
+    /// (u128) instant: only `delta`, which is small, is divided.
+    pub(crate) fn advanced(&self, delta: u128, rate: u64) -> KeyState {
+        let rate = rate.max(1);
+        let word = self.word as u128;
+        if delta < word {
+            // Still before the same whole nanosecond.
+            return KeyState {
+                expires_at: self.expires_at,
+                word: (word - delta) as u64,
+            };
+        }
+        let x = delta - word;
+        let whole = div_ceil(x, rate);
+        KeyState {
+            expires_at: self.expires_at.saturating_add(whole),
+            word: (whole as u128 * rate as u128 - x) as u64,
+        }
+    }
 }
 
-/// `n / d` rounded down, saturating at `u64::MAX`.
+/// `ceil(n / d)` as nanoseconds, saturating at `u64::MAX`.
+pub(crate) fn ceil_div_nanos(n: u128, d: u64) -> Nanos {
+    div_ceil(n, d)
+}
+
+/// `n / d` rounded down, saturating at `u64::MAX`; u64 division when `n` fits.
 pub(crate) fn floor_div(n: u128, d: u64) -> u64 {
-    u64::try_from(n / d.max(1) as u128).unwrap_or(u64::MAX)
+    let d = d.max(1);
+    match u64::try_from(n) {
+        Ok(n) => n / d,
+        Err(_) => u64::try_from(n / d as u128).unwrap_or(u64::MAX),
+    }
+}
+
+/// `ceil(n / d)`, saturating at `u64::MAX`; u64 division when `n` fits.
+fn div_ceil(n: u128, d: u64) -> u64 {
+    let d = d.max(1);
+    match u64::try_from(n) {
+        Ok(n) => n.div_ceil(d),
+        Err(_) => u64::try_from(n.div_ceil(d as u128)).unwrap_or(u64::MAX),
+    }
 }
 
 #[cfg(test)]
@@ -82,6 +131,25 @@ mod tests {
             let s = KeyState::from_scaled_instant(scaled, rate);
             assert_eq!(s.scaled_instant(rate), scaled, "{scaled}/{rate}");
             assert!(s.word < rate);
+        }
+    }
+
+    #[test]
+    fn advancing_matches_dividing_the_whole_instant() {
+        for (start, delta, rate) in [
+            (1_000u128 * 7 + 3, 5u128, 7u64),
+            (70, 0, 7),
+            (70, 1, 7),
+            (71, 6, 7),
+            (0, 1 << 40, 3),
+            (99, 1, 1_000_000_007),
+        ] {
+            let s = KeyState::from_scaled_instant(start, rate);
+            assert_eq!(
+                s.advanced(delta, rate),
+                KeyState::from_scaled_instant(start + delta, rate),
+                "{start}+{delta} /{rate}"
+            );
         }
     }
 

@@ -79,7 +79,8 @@ impl TokenBucket {
         if need <= tokens {
             let left = tokens - need;
             if cost > 0 {
-                *state = KeyState::from_scaled_instant(t + (capacity - left), limit);
+                // full_at moves later by `need` from max(full_at, now).
+                *state = state.at_least(now, limit).advanced(need, limit);
             }
             let refill_time = ceil_div_nanos(capacity - left, limit);
             return Decision::allow(limit, floor_div(left, w), refill_time);

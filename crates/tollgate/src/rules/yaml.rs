@@ -96,6 +96,7 @@ impl LimitSpec {
 pub(crate) struct Reader<'a> {
     file: &'a str,
     errors: Vec<ConfigError>,
+    lines: Vec<String>,
 }
 
 impl<'a> Reader<'a> {
@@ -103,6 +104,7 @@ impl<'a> Reader<'a> {
         Self {
             file,
             errors: Vec::new(),
+            lines: Vec::new(),
         }
     }
 
@@ -111,7 +113,7 @@ impl<'a> Reader<'a> {
     }
 
     fn error(&mut self, span: &Span, message: impl Into<String>) {
-        let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+        let (line, column) = self.position(span);
         self.errors.push(ConfigError {
             file: self.file.to_string(),
             line,
@@ -120,12 +122,42 @@ impl<'a> Reader<'a> {
         });
     }
 
+    /// 1-based (line, column) of a span. yaml-rust marks the first key of a block
+    /// mapping at its `:`; such a marker is moved back to the start of the key.
+    fn position(&self, span: &Span) -> (usize, usize) {
+        let Some(m) = span.start() else { return (0, 0) };
+        let (line, column) = (m.line(), m.column());
+        let text = self
+            .lines
+            .get(line.wrapping_sub(1))
+            .map(String::as_str)
+            .unwrap_or("");
+        let chars: Vec<char> = text.chars().collect();
+        if column >= 2 && chars.get(column - 1) == Some(&':') {
+            let before = &chars[..column - 1];
+            let key_len = before
+                .iter()
+                .rev()
+                .take_while(|c| !c.is_whitespace() && !matches!(c, '{' | ',' | '-'))
+                .count();
+            return (line, column - key_len);
+        }
+        (line, column)
+    }
+
+    /// Where a mapping starts, for messages: its first key (yaml-rust puts a block
+    /// mapping's own start marker at the first `:`).
+    fn start(map: &MarkedMappingNode) -> Span {
+        map.keys().next().map_or(*map.span(), |k| *k.span())
+    }
+
     fn origin(&self, span: &Span) -> String {
         format!("{}:{}", self.file, span.start().map_or(0, |m| m.line()))
     }
 
     /// Parses a whole file into a draft domain (`None` when it could not be read at all).
     pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
+        self.lines = text.lines().map(str::to_string).collect();
         let options = LoaderOptions::default()
             .error_on_duplicate_keys(true)
             .prevent_coercion(true);
@@ -264,7 +296,7 @@ impl<'a> Reader<'a> {
         );
         let key = match map.get_node("key") {
             None => {
-                self.error(map.span(), "a descriptor needs a `key`");
+                self.error(&Self::start(map), "a descriptor needs a `key`");
                 None
             }
             Some(n) => match n.as_scalar() {
@@ -341,8 +373,8 @@ impl<'a> Reader<'a> {
         Some(DraftRule {
             key: key?,
             value,
-            span: *map.span(),
-            origin: self.origin(map.span()),
+            span: Self::start(map),
+            origin: self.origin(&Self::start(map)),
             limits,
             unlimited,
             shadow_mode,
@@ -453,7 +485,7 @@ impl<'a> Reader<'a> {
             }
         };
         let rpu = if map.get_node("requests_per_unit").is_none() {
-            self.error(map.span(), "a rate limit needs `requests_per_unit`");
+            self.error(&Self::start(map), "a rate limit needs `requests_per_unit`");
             None
         } else {
             self.number(map, "requests_per_unit", u64::from(u32::MAX))
@@ -511,7 +543,7 @@ impl<'a> Reader<'a> {
             return None;
         }
         Some(DraftLimit::Limited(DraftRateLimit {
-            span: *map.span(),
+            span: Self::start(map),
             name,
             requests_per_unit: rpu,
             unit,

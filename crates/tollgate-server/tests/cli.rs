@@ -1,0 +1,113 @@
+//! The `tollgate` command as a user runs it: `validate` and `conformance`.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn shared_cases() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: shared/ must sit beside the repository",
+        dir.display()
+    );
+    dir
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn every_shared_case_passes_conformance_on_the_memory_store() {
+    let out = tollgate(&["conformance", shared_cases().to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let last = stdout.lines().last().unwrap();
+    let files = stdout.lines().filter(|l| l.starts_with("ok ")).count();
+    assert_eq!(last, format!("{files} passed, 0 failed"));
+    assert!(files >= 24, "{stdout}");
+}
+
+#[test]
+fn conformance_reports_a_failing_step_and_exits_non_zero() {
+    let dir = tempdir("failing-case");
+    let case =
+        std::fs::read_to_string(shared_cases().join("envoy/03-counting-window.yaml")).unwrap();
+    std::fs::write(
+        dir.join("broken.yaml"),
+        case.replace("requests_per_unit: 20}", "requests_per_unit: 21}"),
+    )
+    .unwrap();
+    let out = tollgate(&["conformance", dir.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success());
+    assert!(stdout.contains("FAIL  broken.yaml"), "{stdout}");
+    assert!(
+        stdout.contains("step 1: status 0: remaining 20, expected 19"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("0 passed, 1 failed\n"), "{stdout}");
+}
+
+#[test]
+fn validate_prints_every_error_with_file_line_and_column() {
+    let dir = tempdir("validate-bad");
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n  - key: b\n    rate_limit: {unit: weekly, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let out = tollgate(&["validate", dir.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    let file = dir.join("bad.yaml").display().to_string();
+    assert!(
+        stderr.contains(&format!("{file}:4:5: unknown key `ratelimit`")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:6:24: unknown unit `weekly`")),
+        "{stderr}"
+    );
+    assert!(stderr.ends_with("2 error(s)\n"), "{stderr}");
+}
+
+#[test]
+fn validate_summarises_each_valid_domain() {
+    let dir = tempdir("validate-good");
+    std::fs::write(
+        dir.join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: second, requests_per_unit: 5}\n      - {unit: hour, requests_per_unit: 500}\n",
+    )
+    .unwrap();
+    let out = tollgate(&["validate", dir.join("api.yaml").to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).starts_with("ok: domain `api`: 1 rules, 2 limits ("),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn validate_names_a_missing_path() {
+    let out = tollgate(&["validate", "/nonexistent/rules.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/rules.yaml:0:0: no such file or directory"));
+}

@@ -1,0 +1,546 @@
+//! The rule engine: every kind of config error with its exact position, matching,
+//! Tollgate's extensions through the limiter, and reloading.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::{ManualClock, NANOS_PER_SEC};
+use tollgate::limiter::{Code, Descriptor, LimitOverride, Limiter, RateLimitRequest, Settings};
+use tollgate::rules::{from_str, load, ConfigError, LoadOptions, Rules, Unit};
+use tollgate::store::MemoryStore;
+
+const T0: u64 = 1_699_920_000 * NANOS_PER_SEC;
+
+/// The errors of a rule file that must be rejected, as `line:column: message`.
+fn errors(text: &str) -> Vec<String> {
+    match from_str("f.yaml", text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e
+            .iter()
+            .map(|e: &ConfigError| format!("{}:{}: {}", e.line, e.column, e.message))
+            .collect(),
+    }
+}
+
+fn limiter(text: &str) -> (Limiter, ManualClock) {
+    let clock = ManualClock::new(T0);
+    let rules = Arc::new(Rules::fixed(from_str("f.yaml", text).unwrap()));
+    (
+        Limiter::new(rules, MemoryStore::new()).with_clock(Arc::new(clock.clone())),
+        clock,
+    )
+}
+
+fn req(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest::new(
+        domain,
+        [entries.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>()],
+    )
+}
+
+mod errors {
+    use super::errors;
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_place() {
+        let e = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 1}\n");
+        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors)"]);
+    }
+
+    #[test]
+    fn every_error_in_a_file_is_reported() {
+        let e = errors(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: \"\"\n    rate_limit: {unit: second, requests_per_unit: -2}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "4:24: unknown unit `fortnight` (expected second, minute, hour, day, week, month or year)",
+                "5:10: a descriptor's `key` is empty",
+                "6:51: `requests_per_unit` must be a whole number from 0 to 4294967295, got `-2`",
+                "8:65: unknown algorithm `magic` (expected one of: fixed_window, sliding_window, sliding_log, token_bucket, gcra, leaky_bucket)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_duplicate_descriptor_points_at_the_second_one() {
+        let e =
+            errors("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n");
+        assert_eq!(e, ["5:5: duplicate descriptor: key `k` with value `v` is already defined at this level of domain `d`"]);
+    }
+
+    #[test]
+    fn unlimited_with_numbers_is_rejected() {
+        let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n");
+        assert_eq!(
+            e,
+            ["6:13: an `unlimited` rate limit cannot also have a `unit`"]
+        );
+    }
+
+    #[test]
+    fn a_file_without_a_domain_is_rejected() {
+        assert_eq!(
+            errors("descriptors: []\n"),
+            ["1:1: the file has no `domain`: every rule file names its domain"]
+        );
+        assert_eq!(
+            errors("domain: \"\"\n"),
+            ["1:9: `domain` is empty: every rule file names its domain"]
+        );
+    }
+
+    #[test]
+    fn broken_yaml_is_reported_with_its_place() {
+        let e = errors("domain: d\ndescriptors:\n  - key: [unclosed\n");
+        assert_eq!(e.len(), 1);
+        assert!(e[0].contains("not valid YAML"), "{e:?}");
+        assert!(e[0].starts_with("4:") || e[0].starts_with("3:"), "{e:?}");
+    }
+
+    #[test]
+    fn extension_keys_are_checked() {
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}\n"),
+            ["4:61: `burst` applies only to token_bucket, gcra and leaky_bucket"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, block_duration: soon}\n"),
+            ["4:70: `block_duration` must be a duration such as 900s, 15m, 1h or 1d"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    value: exact\n    share_threshold: true\n"),
+            ["5:22: `share_threshold` needs a wildcard `value` (one with `*`) to share"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: nobody}]}\n"),
+            ["4:72: `replaces` names `nobody`, but no rate limit in domain `d` has that name"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, mode: queue}\n"),
+            ["4:60: `mode` is `meter` or `queue`, and only with `algorithm: leaky_bucket`"]
+        );
+    }
+
+    #[test]
+    fn a_domain_in_two_files_is_an_error_unless_merging() {
+        let dir = tempdir("two-files");
+        std::fs::write(dir.join("a.yaml"), "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+        std::fs::write(dir.join("b.yaml"), "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n").unwrap();
+        let err = super::load(&[&dir], super::LoadOptions::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("b.yaml:1:9: domain `d` is already defined in"),
+            "{err}"
+        );
+        let set = super::load(
+            &[&dir],
+            super::LoadOptions {
+                merge_domains: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(set.domain("d").unwrap().rule_count(), 2);
+    }
+
+    pub(super) fn tempdir(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-rules-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
+
+mod matching {
+    use super::*;
+
+    const TREE: &str = "domain: m
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    value: a*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: k
+    value: ab*
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: k
+    value: abc
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: k
+    value: trusted
+  - key: parent
+    descriptors:
+      - key: child
+        rate_limit: {unit: second, requests_per_unit: 5}
+";
+
+    fn rpu(entries: &[(&str, &str)]) -> Option<u64> {
+        let set = from_str("t.yaml", TREE).unwrap();
+        let m = set.domain("m").unwrap().find(entries)?;
+        m.rule.limits.first().map(|l| l.requests_per_unit)
+    }
+
+    #[test]
+    fn exact_beats_wildcard_beats_bare_key_and_the_first_wildcard_wins() {
+        assert_eq!(rpu(&[("k", "abc")]), Some(4));
+        assert_eq!(rpu(&[("k", "abd")]), Some(2), "a* comes first in the file");
+        assert_eq!(rpu(&[("k", "xyz")]), Some(1));
+        assert_eq!(
+            rpu(&[("k", "")]),
+            Some(1),
+            "an empty value goes to the bare key"
+        );
+        assert_eq!(rpu(&[("k", "trusted")]), None, "allow-list entry");
+    }
+
+    #[test]
+    fn only_the_rule_at_the_request_depth_applies() {
+        assert_eq!(rpu(&[("parent", "p"), ("child", "c")]), Some(5));
+        assert_eq!(rpu(&[("parent", "p")]), None);
+        assert_eq!(
+            rpu(&[("parent", "p"), ("child", "c"), ("deeper", "x")]),
+            None
+        );
+        assert_eq!(rpu(&[("k", "abc"), ("child", "c")]), None);
+    }
+}
+
+mod extensions {
+    use super::*;
+
+    #[test]
+    fn replaces_skips_the_named_limit_of_other_descriptors() {
+        let (l, _) = limiter(
+            "domain: r
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1, name: per_user}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 100, name: gold, replaces: [{name: per_user}]}
+",
+        );
+        let mut both = req("r", &[("user", "u")]);
+        both.descriptors
+            .push(req("r", &[("plan", "gold")]).descriptors.remove(0));
+        for _ in 0..5 {
+            let r = l.check_now(&both).unwrap();
+            assert_eq!(r.overall, Code::Ok);
+            assert_eq!(
+                r.statuses[0].limit, None,
+                "the per-user limit is not checked"
+            );
+        }
+        // Alone, the user limit applies and was never charged.
+        assert_eq!(
+            l.check_now(&req("r", &[("user", "u")])).unwrap().statuses[0].remaining,
+            0
+        );
+        assert_eq!(
+            l.check_now(&req("r", &[("user", "u")])).unwrap().overall,
+            Code::OverLimit
+        );
+    }
+
+    #[test]
+    fn share_threshold_makes_every_matching_value_share_one_counter() {
+        let (l, _) = limiter(
+            "domain: s
+descriptors:
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /own/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+        );
+        assert_eq!(
+            l.check_now(&req("s", &[("path", "/api/a")]))
+                .unwrap()
+                .overall,
+            Code::Ok
+        );
+        assert_eq!(
+            l.check_now(&req("s", &[("path", "/api/b")]))
+                .unwrap()
+                .overall,
+            Code::Ok
+        );
+        assert_eq!(
+            l.check_now(&req("s", &[("path", "/api/c")]))
+                .unwrap()
+                .overall,
+            Code::OverLimit
+        );
+        for v in ["/own/a", "/own/b", "/own/c"] {
+            assert_eq!(
+                l.check_now(&req("s", &[("path", v)])).unwrap().overall,
+                Code::Ok,
+                "{v} has its own counter"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_override_replaces_the_numbers_and_keeps_the_counter() {
+        let (l, _) = limiter("domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3}\n");
+        for _ in 0..2 {
+            assert_eq!(
+                l.check_now(&req("o", &[("k", "v")])).unwrap().overall,
+                Code::Ok
+            );
+        }
+        let mut overridden = req("o", &[("k", "v")]);
+        overridden.descriptors[0].limit = Some(LimitOverride {
+            requests_per_unit: 5,
+            unit: Unit::Minute,
+        });
+        let r = l.check_now(&overridden).unwrap();
+        assert_eq!(
+            r.statuses[0].remaining, 2,
+            "the 2 already counted still count"
+        );
+        assert_eq!(r.statuses[0].limit.as_ref().unwrap().requests_per_unit, 5);
+    }
+
+    #[test]
+    fn several_limits_report_the_one_that_rejected_or_the_least_remaining() {
+        let (l, clock) = limiter(
+            "domain: m\ndescriptors:\n  - key: u\n    rate_limits:\n      - {unit: second, requests_per_unit: 2, name: burst}\n      - {unit: hour, requests_per_unit: 3, name: hourly}\n",
+        );
+        let name = |r: &tollgate::limiter::RateLimitResponse| {
+            r.statuses[0].limit.as_ref().unwrap().name.clone().unwrap()
+        };
+        let r = l.check_now(&req("m", &[("u", "x")])).unwrap();
+        assert_eq!((name(&r), r.statuses[0].remaining), ("burst".into(), 1));
+        l.check_now(&req("m", &[("u", "x")])).unwrap();
+        let r = l.check_now(&req("m", &[("u", "x")])).unwrap();
+        assert_eq!((r.overall, name(&r)), (Code::OverLimit, "burst".into()));
+        clock.advance(Duration::from_secs(1));
+        let r = l.check_now(&req("m", &[("u", "x")])).unwrap();
+        assert_eq!(
+            (r.overall, name(&r), r.statuses[0].remaining),
+            (Code::Ok, "hourly".into(), 0)
+        );
+        clock.advance(Duration::from_secs(1));
+        let r = l.check_now(&req("m", &[("u", "x")])).unwrap();
+        assert_eq!((r.overall, name(&r)), (Code::OverLimit, "hourly".into()));
+    }
+
+    #[test]
+    fn soft_throttling_admits_the_overage_and_flags_it() {
+        let (l, _) = limiter("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, overage_percent: 50}\n");
+        let results: Vec<_> = (0..16)
+            .map(|_| l.check_now(&req("s", &[("k", "v")])).unwrap())
+            .collect();
+        for (i, r) in results.iter().enumerate() {
+            let s = &r.statuses[0];
+            match i {
+                0..=9 => assert!(
+                    s.code == Code::Ok && !s.over_soft_limit && s.remaining == 9 - i as u64,
+                    "{i}: {s:?}"
+                ),
+                10..=14 => assert!(
+                    s.code == Code::Ok && s.over_soft_limit && s.remaining == 0,
+                    "{i}: {s:?}"
+                ),
+                _ => assert_eq!(s.code, Code::OverLimit),
+            }
+            assert_eq!(s.limit.as_ref().unwrap().requests_per_unit, 10);
+        }
+    }
+
+    #[test]
+    fn global_shadow_mode_reports_statuses_but_answers_ok() {
+        let clock = ManualClock::new(T0);
+        let rules = Arc::new(Rules::fixed(from_str("f", "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n").unwrap()));
+        let l = Limiter::new(rules, MemoryStore::new())
+            .with_clock(Arc::new(clock))
+            .with_settings(Settings {
+                global_shadow_mode: true,
+            });
+        l.check_now(&req("g", &[("k", "v")])).unwrap();
+        let r = l.check_now(&req("g", &[("k", "v")])).unwrap();
+        assert_eq!((r.overall, r.statuses[0].code), (Code::Ok, Code::OverLimit));
+    }
+
+    #[test]
+    fn a_leaky_bucket_queue_rule_reports_the_delay() {
+        let (l, _) = limiter("domain: q\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4, algorithm: leaky_bucket, mode: queue, burst: 2}\n");
+        let delays: Vec<_> = (0..3)
+            .map(|_| l.check_now(&req("q", &[("k", "v")])).unwrap().statuses[0].delay)
+            .collect();
+        assert_eq!(delays[..2], [0, 250_000_000]);
+        assert_eq!(
+            l.check_now(&req("q", &[("k", "v")])).unwrap().overall,
+            Code::OverLimit
+        );
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_with_a_reason() {
+        let (l, _) = limiter("domain: d\n");
+        let cases = [
+            (req("", &[("k", "v")]), "the domain is empty"),
+            (
+                RateLimitRequest {
+                    domain: "d".into(),
+                    ..Default::default()
+                },
+                "the request has no descriptors",
+            ),
+            (
+                req("d", &[("", "v")]),
+                "descriptor 0, entry 0 has an empty key",
+            ),
+            (
+                RateLimitRequest {
+                    domain: "d".into(),
+                    descriptors: vec![Descriptor::default()],
+                    hits_addend: 0,
+                },
+                "descriptor 0 has no entries",
+            ),
+        ];
+        for (r, why) in cases {
+            assert_eq!(
+                l.check_now(&r).unwrap_err().to_string(),
+                format!("invalid request: {why}")
+            );
+        }
+    }
+
+    #[test]
+    fn metric_paths_follow_the_rule_unless_detailed() {
+        let (l, _) = limiter("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 9}\n  - key: b\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 9}\n");
+        let path = |k: &str| {
+            l.check_now(&req("d", &[(k, "runtime")])).unwrap().statuses[0]
+                .metric
+                .clone()
+                .unwrap()
+                .path
+        };
+        assert_eq!(path("a"), "a");
+        assert_eq!(path("b"), "b_runtime");
+    }
+}
+
+mod reload {
+    use super::errors::tempdir;
+    use super::*;
+
+    const V1: &str =
+        "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n";
+
+    #[test]
+    fn a_reload_that_only_changes_numbers_keeps_the_counters() {
+        let dir = tempdir("numbers");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let l = Limiter::new(Arc::clone(&rules), MemoryStore::new())
+            .with_clock(Arc::new(ManualClock::new(T0)));
+        for _ in 0..3 {
+            assert_eq!(
+                l.check_now(&req("r", &[("k", "v")])).unwrap().overall,
+                Code::Ok
+            );
+        }
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "4}")).unwrap();
+        rules.reload().unwrap();
+        assert_eq!(
+            l.check_now(&req("r", &[("k", "v")])).unwrap().overall,
+            Code::Ok,
+            "one more under the new limit"
+        );
+        assert_eq!(
+            l.check_now(&req("r", &[("k", "v")])).unwrap().overall,
+            Code::OverLimit,
+            "not four more"
+        );
+    }
+
+    #[test]
+    fn an_invalid_reload_keeps_the_old_rules_serving() {
+        let dir = tempdir("invalid");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+        let err = rules.reload().unwrap_err().to_string();
+        assert!(
+            err.contains("r.yaml:4:24: unknown unit `fortnight`"),
+            "{err}"
+        );
+        assert_eq!(rules.load_failures(), 1);
+        assert!(rules.last_error().is_some());
+        let current = rules.current();
+        let limit = &current.domain("r").unwrap().rules()[0].limits[0];
+        assert_eq!(limit.unit, Unit::Hour, "the old rules serve");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        rules.reload().unwrap();
+        assert!(rules.last_error().is_none());
+    }
+
+    fn wait_for(rules: &Rules, rpu: u64) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            let n = rules
+                .current()
+                .domain("r")
+                .map(|d| d.rules()[0].limits[0].requests_per_unit);
+            if n == Some(rpu) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[test]
+    fn the_watcher_picks_up_an_editor_style_rename_within_two_seconds() {
+        let dir = tempdir("watch-rename");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join(".r.yaml.swp"), V1.replace("3}", "7}")).unwrap();
+        std::fs::rename(dir.join(".r.yaml.swp"), dir.join("r.yaml")).unwrap();
+        assert!(wait_for(&rules, 7));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_watcher_follows_a_configmap_symlink_swap() {
+        use std::os::unix::fs::symlink;
+        let dir = tempdir("watch-configmap");
+        // The layout of a Kubernetes ConfigMap volume.
+        std::fs::create_dir(dir.join("..v1")).unwrap();
+        std::fs::write(dir.join("..v1/r.yaml"), V1).unwrap();
+        symlink("..v1", dir.join("..data")).unwrap();
+        symlink("..data/r.yaml", dir.join("r.yaml")).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::create_dir(dir.join("..v2")).unwrap();
+        std::fs::write(dir.join("..v2/r.yaml"), V1.replace("3}", "9}")).unwrap();
+        symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        assert!(wait_for(&rules, 9));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn sighup_reloads() {
+        let dir = tempdir("sighup");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        tollgate::rules::reload_on_sighup(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "11}")).unwrap();
+        signal_hook::low_level::raise(signal_hook::consts::SIGHUP).unwrap();
+        assert!(wait_for(&rules, 11));
+    }
+}
