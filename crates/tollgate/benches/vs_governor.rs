@@ -4,8 +4,9 @@
 //! side; criterion reports the time per check (and, as throughput, checks per second):
 //!
 //! - `single_key`: one key, one thread. Tollgate `MemoryStore::check_one` with GCRA
-//!   (and token bucket and fixed window as extra lines) against governor's direct
-//!   (un-keyed) limiter and its keyed limiter used with one key.
+//!   (and token bucket and fixed window as extra lines) and Tollgate's un-keyed
+//!   `DirectLimiter`, against governor's direct (un-keyed) limiter and its keyed
+//!   limiter used with one key.
 //! - `keys_100k`: one thread cycling through 100,000 pre-built keys `user:000000`...
 //! - `keys_100k_2threads`: two threads, each cycling through its own half of those
 //!   100,000 keys (disjoint halves); the figure is wall time divided by the checks of
@@ -43,6 +44,7 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 use tollgate::algorithm::{Algorithm, FixedWindow, Gcra, Limit, TokenBucket};
 use tollgate::clock::{Clock, SystemClock};
+use tollgate::direct::DirectLimiter;
 use tollgate::store::{Check, MemoryStore};
 
 /// Burst on both sides: far more checks than a run makes (refill: one per second).
@@ -135,6 +137,13 @@ fn single_key(c: &mut Criterion) {
             b.iter(|| tollgate_check(&store, &limit, black_box("user:1")));
         });
     }
+
+    // Tollgate's un-keyed limiter, the counterpart of governor's direct one.
+    let own = DirectLimiter::new(gcra());
+    assert!(own.is_lock_free() && own.check(SystemClock.now(), 1).allowed);
+    group.bench_function("tollgate/direct_gcra", |b| {
+        b.iter(|| own.check(SystemClock.now(), black_box(1)).allowed);
+    });
 
     let direct = RateLimiter::direct(quota());
     assert!(direct.check().is_ok());

@@ -26,6 +26,9 @@
 //! - [`clock`]: time as [`Nanos`](clock::Nanos), the [`Clock`](clock::Clock) trait,
 //!   the system clock and a manual clock for tests.
 //! - [`decision`]: the [`Decision`] every limiter returns.
+//! - [`direct`]: [`DirectLimiter`](direct::DirectLimiter), one limit for one implicit key, lock-free where it can be.
+//! - [`limiter`]: [`Limiter`](limiter::Limiter), the seam every front end calls: rules + store → decisions.
+//! - [`rules`]: Envoy-format rule files, validation, matching, hot reload.
 //! - [`store`]: the [`Store`](store::Store) trait (atomic, all-or-nothing per request)
 //!   and the in-memory [`MemoryStore`](store::MemoryStore).
 //!
@@ -34,6 +37,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+pub mod direct;
 pub mod limiter;
 pub mod rules;
 pub mod store;
