@@ -27,10 +27,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::borrow::Cow;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use crate::algorithm::Limit;
 use crate::clock::{Clock, Nanos, SystemClock, NANOS_PER_SEC};
 use crate::decision::{Decision, NEVER};
 use crate::rules::{Domain, Rule, RuleLimit, Rules, Unit};
@@ -101,10 +101,10 @@ pub struct ReportedLimit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricKey {
     /// The domain.
-    pub domain: String,
+    pub domain: Arc<str>,
     /// `key_value.subkey`-style path of the rule (with runtime values for
     /// `detailed_metric` / `value_to_metric`).
-    pub path: String,
+    pub path: Arc<str>,
 }
 
 /// The decision for one request descriptor.
@@ -235,13 +235,38 @@ impl RateLimitRequest {
     }
 }
 
+/// What the limiter will do for one request: per descriptor its match and counter
+/// key, and the limits to run.
+struct Plan<'r> {
+    /// Per request descriptor: the matched rule (if any) and its counter key.
+    matched: Vec<Option<(&'r Rule, Vec<u8>)>>,
+    /// The limits to run, in descriptor order.
+    runs: Vec<Run<'r>>,
+}
+
 /// One limit to run for one descriptor.
-struct Planned<'r> {
+struct Run<'r> {
     descriptor: usize,
-    limit: RuleLimit,
-    key: Vec<u8>,
+    limit: Cow<'r, RuleLimit>,
     cost: u64,
-    rule: Option<&'r Rule>,
+    shadow: bool,
+}
+
+impl Plan<'_> {
+    fn checks<'a>(&'a self, override_keys: &'a [Vec<u8>]) -> Vec<Check<'a>> {
+        self.runs
+            .iter()
+            .map(|r| Check {
+                limit: &r.limit.limit,
+                key: match &self.matched[r.descriptor] {
+                    Some((_, key)) => key,
+                    None => &override_keys[r.descriptor],
+                },
+                cost: r.cost,
+                shadow: r.shadow,
+            })
+            .collect()
+    }
 }
 
 impl<S: Store> Limiter<S> {
@@ -283,17 +308,8 @@ impl<S: Store> Limiter<S> {
         let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
         let plan = plan(domain, request);
-        let limits: Vec<Limit> = plan.iter().map(|p| p.limit.limit).collect();
-        let checks: Vec<Check<'_>> = plan
-            .iter()
-            .zip(&limits)
-            .map(|(p, limit)| Check {
-                limit,
-                key: &p.key,
-                cost: p.cost,
-                shadow: p.rule.is_some_and(|r| r.shadow_mode),
-            })
-            .collect();
+        let override_keys = override_keys(&plan, request);
+        let checks = plan.checks(&override_keys);
         let decisions = if checks.is_empty() {
             Vec::new()
         } else {
@@ -306,18 +322,13 @@ impl<S: Store> Limiter<S> {
         &self,
         request: &RateLimitRequest,
         domain: Option<&Domain>,
-        plan: &[Planned<'_>],
+        plan: &Plan<'_>,
         decisions: &[Decision],
     ) -> RateLimitResponse {
-        let mut statuses: Vec<DescriptorStatus> = request
-            .descriptors
-            .iter()
-            .map(|d| static_status(domain, d))
-            .collect();
         // Per descriptor: the limit that rejected, else the one with the least remaining.
-        let mut chosen: Vec<Option<(&Planned<'_>, Decision)>> = vec![None; statuses.len()];
-        for (p, d) in plan.iter().zip(decisions) {
-            let slot = &mut chosen[p.descriptor];
+        let mut chosen: Vec<Option<(&Run<'_>, Decision)>> = vec![None; request.descriptors.len()];
+        for (run, d) in plan.runs.iter().zip(decisions) {
+            let slot = &mut chosen[run.descriptor];
             let better = match slot {
                 None => true,
                 Some((_, best)) => {
@@ -326,14 +337,21 @@ impl<S: Store> Limiter<S> {
                 }
             };
             if better {
-                *slot = Some((p, *d));
+                *slot = Some((run, *d));
             }
         }
-        for (status, choice) in statuses.iter_mut().zip(chosen) {
-            if let Some((p, d)) = choice {
-                *status = decided_status(p, &d, request, domain);
-            }
-        }
+        let statuses: Vec<DescriptorStatus> = chosen
+            .into_iter()
+            .enumerate()
+            .map(|(i, choice)| {
+                let entries = &request.descriptors[i].entries;
+                let rule = plan.matched[i].as_ref().map(|m| m.0);
+                match choice {
+                    Some((run, d)) => decided_status(run, &d, rule, entries, domain),
+                    None => static_status(domain, rule, entries),
+                }
+            })
+            .collect();
         let over = statuses.iter().any(|s| s.code == Code::OverLimit);
         RateLimitResponse {
             overall: if over && !self.settings.global_shadow_mode {
@@ -353,28 +371,51 @@ impl Limiter<MemoryStore> {
         let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
         let plan = plan(domain, request);
-        let limits: Vec<Limit> = plan.iter().map(|p| p.limit.limit).collect();
-        let checks: Vec<Check<'_>> = plan
-            .iter()
-            .zip(&limits)
-            .map(|(p, limit)| Check {
-                limit,
-                key: &p.key,
-                cost: p.cost,
-                shadow: p.rule.is_some_and(|r| r.shadow_mode),
-            })
-            .collect();
-        let decisions = self.store.check_all(self.clock.now(), &checks);
+        let override_keys = override_keys(&plan, request);
+        let checks = plan.checks(&override_keys);
+        let decisions = if checks.is_empty() {
+            Vec::new()
+        } else {
+            self.store.check_all(self.clock.now(), &checks)
+        };
         Ok(self.respond(request, domain, &plan, &decisions))
     }
 }
 
-/// The status of a descriptor that no limit will be run for.
-fn static_status(domain: Option<&Domain>, d: &Descriptor) -> DescriptorStatus {
+/// Counter keys for descriptors that no rule matched but whose request carries its own
+/// limit (empty for every other descriptor: no allocation in the common case).
+fn override_keys(plan: &Plan<'_>, request: &RateLimitRequest) -> Vec<Vec<u8>> {
+    if plan
+        .runs
+        .iter()
+        .all(|r| plan.matched[r.descriptor].is_some())
+    {
+        return Vec::new();
+    }
+    request
+        .descriptors
+        .iter()
+        .zip(&plan.matched)
+        .map(|(d, m)| {
+            if m.is_none() {
+                values_key(&d.entries)
+            } else {
+                Vec::new()
+            }
+        })
+        .collect()
+}
+
+/// The status of a descriptor that no limit was run for.
+fn static_status(
+    domain: Option<&Domain>,
+    rule: Option<&Rule>,
+    entries: &[(String, String)],
+) -> DescriptorStatus {
     let mut status = DescriptorStatus::unlimited_by_rules();
-    if let Some(m) = domain.and_then(|dom| dom.find(&d.entries)) {
-        status.metric = Some(metric_key(m.domain, m.rule, &d.entries));
-        if m.rule.unlimited {
+    if let (Some(domain), Some(rule)) = (domain, rule) {
+        status.metric = Some(metric_key(domain, rule, entries));
+        if rule.unlimited {
             status.remaining = u64::from(u32::MAX);
         }
     }
@@ -382,20 +423,18 @@ fn static_status(domain: Option<&Domain>, d: &Descriptor) -> DescriptorStatus {
 }
 
 fn decided_status(
-    p: &Planned<'_>,
+    run: &Run<'_>,
     d: &Decision,
-    request: &RateLimitRequest,
+    rule: Option<&Rule>,
+    entries: &[(String, String)],
     domain: Option<&Domain>,
 ) -> DescriptorStatus {
-    let l = &p.limit;
-    let shadow = p.rule.is_some_and(|r| r.shadow_mode);
+    let l = &*run.limit;
     // Soft throttling: the store enforces requests_per_unit plus the overage; report
     // remaining against requests_per_unit and flag the overage.
     let overage = l.hard_limit().saturating_sub(l.requests_per_unit);
-    let remaining = d.remaining.saturating_sub(overage);
-    let entries = &request.descriptors[p.descriptor].entries;
     DescriptorStatus {
-        code: if d.allowed || shadow {
+        code: if d.allowed || run.shadow {
             Code::Ok
         } else {
             Code::OverLimit
@@ -405,84 +444,90 @@ fn decided_status(
             requests_per_unit: l.requests_per_unit,
             unit: l.unit,
         }),
-        remaining,
+        remaining: d.remaining.saturating_sub(overage),
         reset_after: d.reset_after,
         retry_after: if d.allowed { 0 } else { d.retry_after },
         delay: d.delay,
         over_soft_limit: d.allowed && overage > 0 && d.remaining < overage,
-        shadow,
-        would_reject: shadow && !d.allowed,
-        metric: match (domain, p.rule) {
+        shadow: run.shadow,
+        would_reject: run.shadow && !d.allowed,
+        metric: match (domain, rule) {
             (Some(dom), Some(rule)) => Some(metric_key(dom, rule, entries)),
             (Some(dom), None) => Some(MetricKey {
-                domain: dom.name.clone(),
-                path: override_path(entries),
+                domain: Arc::clone(&dom.name),
+                path: override_path(entries).into(),
             }),
             _ => None,
         },
     }
 }
 
-/// Works out which limits to run: matching, `unlimited`, overrides and `replaces`.
-fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Vec<Planned<'r>> {
+/// Works out which limits to run: matching (once per descriptor), `unlimited`,
+/// overrides and `replaces`.
+fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> {
+    let mut plan = Plan {
+        matched: Vec::with_capacity(request.descriptors.len()),
+        runs: Vec::new(),
+    };
     let Some(domain) = domain else {
-        return Vec::new();
+        plan.matched.resize_with(request.descriptors.len(), || None);
+        return plan;
     };
     let default_cost = request.hits_addend.max(1);
-    let mut plan = Vec::new();
     for (i, d) in request.descriptors.iter().enumerate() {
         let cost = d.hits_addend.unwrap_or(default_cost);
-        let found = domain.find(&d.entries);
-        match (found, d.limit) {
-            (Some(m), _) if m.rule.unlimited => {}
-            (Some(m), Some(o)) => {
-                if let Some(first) = m
-                    .rule
+        let rule = domain.find(&d.entries).map(|m| m.rule);
+        plan.matched
+            .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
+        let shadow = rule.is_some_and(|r| r.shadow_mode);
+        match (rule, d.limit) {
+            (Some(r), _) if r.unlimited => {}
+            (Some(r), Some(o)) => {
+                let first = r
                     .limits
                     .first()
-                    .and_then(|l| l.with_override(o.requests_per_unit, o.unit))
-                {
-                    plan.push(Planned {
+                    .and_then(|l| l.with_override(o.requests_per_unit, o.unit));
+                if let Some(limit) = first {
+                    plan.runs.push(Run {
                         descriptor: i,
-                        limit: first,
-                        key: counter_key(domain, m.rule, &d.entries),
+                        limit: Cow::Owned(limit),
                         cost,
-                        rule: Some(m.rule),
+                        shadow,
                     });
                 }
             }
-            (Some(m), None) => {
-                for l in &m.rule.limits {
-                    plan.push(Planned {
+            (Some(r), None) => {
+                for l in &r.limits {
+                    plan.runs.push(Run {
                         descriptor: i,
-                        limit: l.clone(),
-                        key: counter_key(domain, m.rule, &d.entries),
+                        limit: Cow::Borrowed(l),
                         cost,
-                        rule: Some(m.rule),
+                        shadow,
                     });
                 }
             }
             // Envoy's service applies a request's own limit even where no rule matches.
             (None, Some(o)) => {
                 if let Some(limit) = override_limit(domain, d, o) {
-                    plan.push(Planned {
+                    plan.runs.push(Run {
                         descriptor: i,
-                        limit,
-                        key: values_key(&d.entries),
+                        limit: Cow::Owned(limit),
                         cost,
-                        rule: None,
+                        shadow: false,
                     });
                 }
             }
             (None, None) => {}
         }
     }
-    let replaced: Vec<String> = plan
-        .iter()
-        .flat_map(|p| p.limit.replaces.iter().cloned())
-        .collect();
-    if !replaced.is_empty() {
-        plan.retain(|p| !p.limit.name.as_ref().is_some_and(|n| replaced.contains(n)));
+    if plan.runs.iter().any(|r| !r.limit.replaces.is_empty()) {
+        let replaced: Vec<String> = plan
+            .runs
+            .iter()
+            .flat_map(|r| r.limit.replaces.iter().cloned())
+            .collect();
+        plan.runs
+            .retain(|r| !r.limit.name.as_ref().is_some_and(|n| replaced.contains(n)));
     }
     plan
 }
@@ -490,7 +535,7 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Vec<Plann
 fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<RuleLimit> {
     let mut h = DefaultHasher::new();
     (
-        &domain.name,
+        &*domain.name,
         "override",
         d.entries.iter().map(|e| &e.0).collect::<Vec<_>>(),
     )
@@ -502,12 +547,19 @@ fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<R
 /// confused with another split differently); below a `share_threshold` wildcard, the
 /// pattern instead of the value.
 fn counter_key(domain: &Domain, rule: &Rule, entries: &[(String, String)]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(entries.iter().map(|e| e.1.len() + 5).sum());
+    if !rule.shares {
+        for (_, value) in entries {
+            key.push(0);
+            push_part(&mut key, value);
+        }
+        return key;
+    }
     let mut chain = vec![rule];
     while let Some(parent) = domain.parent(chain[chain.len() - 1]) {
         chain.push(parent);
     }
     chain.reverse();
-    let mut key = Vec::with_capacity(entries.iter().map(|e| e.1.len() + 5).sum());
     for (level, (_, value)) in entries.iter().enumerate() {
         match chain.get(level) {
             Some(r) if r.share_threshold => {
@@ -538,25 +590,25 @@ fn push_part(key: &mut Vec<u8>, part: &str) {
 }
 
 fn metric_key(domain: &Domain, rule: &Rule, entries: &[(String, String)]) -> MetricKey {
-    let path = if rule.detailed_metric {
+    let path: Arc<str> = if rule.detailed_metric {
         entries
             .iter()
             .map(|(k, v)| format!("{k}_{v}"))
             .collect::<Vec<_>>()
             .join(".")
+            .into()
     } else if rule.value_to_metric {
         let mut parts: Vec<&str> = rule.stat_path.split('.').collect();
-        let last = entries.len().saturating_sub(1);
-        let runtime = entries.get(last).map(|(k, v)| format!("{k}_{v}"));
+        let runtime = entries.last().map(|(k, v)| format!("{k}_{v}"));
         if let (Some(slot), Some(rt)) = (parts.last_mut(), runtime.as_deref()) {
             *slot = rt;
         }
-        parts.join(".")
+        parts.join(".").into()
     } else {
-        rule.stat_path.clone()
+        Arc::clone(&rule.stat_path)
     };
     MetricKey {
-        domain: domain.name.clone(),
+        domain: Arc::clone(&domain.name),
         path,
     }
 }

@@ -427,8 +427,8 @@ descriptors:
                 .unwrap()
                 .path
         };
-        assert_eq!(path("a"), "a");
-        assert_eq!(path("b"), "b_runtime");
+        assert_eq!(&*path("a"), "a");
+        assert_eq!(&*path("b"), "b_runtime");
     }
 }
 

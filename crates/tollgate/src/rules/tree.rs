@@ -15,7 +15,7 @@ pub type RuleId = usize;
 /// A validated, compiled set of rules: every domain, ready to match.
 #[derive(Debug, Default)]
 pub struct RuleSet {
-    pub(crate) domains: HashMap<String, Arc<Domain>>,
+    pub(crate) domains: HashMap<String, Arc<Domain>, ahash::RandomState>,
     pub(crate) files: Vec<PathBuf>,
     pub(crate) loaded_at: Option<SystemTime>,
 }
@@ -48,7 +48,7 @@ impl RuleSet {
 #[derive(Debug)]
 pub struct Domain {
     /// The domain name.
-    pub name: String,
+    pub name: Arc<str>,
     /// The files that define it (more than one only when merging is on).
     pub files: Vec<String>,
     pub(crate) rules: Vec<Rule>,
@@ -67,7 +67,9 @@ pub struct Rule {
     /// The file and line the descriptor starts at, for messages.
     pub origin: String,
     /// The descriptor path used in metric names: `key_value.subkey` as Envoy names it.
-    pub stat_path: String,
+    pub stat_path: Arc<str>,
+    /// This rule or one of its ancestors has `share_threshold`.
+    pub(crate) shares: bool,
     /// The limits (one for `rate_limit`, several for `rate_limits`, none for an allow-list entry).
     pub limits: Vec<RuleLimit>,
     /// `unlimited: true`: answered OK, never counted.
@@ -229,35 +231,56 @@ impl Domain {
 /// A value pattern: `*` matches zero or more characters, anywhere, any number of times.
 #[derive(Debug, Clone)]
 pub(crate) struct Glob {
-    parts: Vec<String>,
+    parts: Vec<Box<[u8]>>,
+    /// The shortest text that can match: the parts' total length.
+    min_len: usize,
 }
 
 impl Glob {
     pub(crate) fn new(pattern: &str) -> Self {
-        Self {
-            parts: pattern.split('*').map(str::to_string).collect(),
-        }
+        let parts: Vec<Box<[u8]>> = pattern.split('*').map(|p| p.as_bytes().into()).collect();
+        let min_len = parts.iter().map(|p| p.len()).sum();
+        Self { parts, min_len }
     }
 
     pub(crate) fn matches(&self, text: &str) -> bool {
+        let text = text.as_bytes();
+        if text.len() < self.min_len {
+            return false;
+        }
         let (first, rest) = match self.parts.split_first() {
             Some(x) => x,
             None => return text.is_empty(),
         };
-        let Some(mut tail) = text.strip_prefix(first.as_str()) else {
+        if !starts_with(text, first) {
             return false;
-        };
+        }
+        let mut tail = &text[first.len()..];
         let Some((last, middle)) = rest.split_last() else {
             return tail.is_empty(); // no `*` at all
         };
         for part in middle {
-            match tail.find(part.as_str()) {
+            match find(tail, part) {
                 Some(at) => tail = &tail[at + part.len()..],
                 None => return false,
             }
         }
-        tail.len() >= last.len() && tail.ends_with(last.as_str())
+        tail.len() >= last.len() && starts_with(&tail[tail.len() - last.len()..], last)
     }
+}
+
+/// Byte-wise prefix test, inlined: the parts are short, and a `memcmp` call costs more.
+fn starts_with(text: &[u8], prefix: &[u8]) -> bool {
+    text.len() >= prefix.len() && text.iter().zip(prefix).all(|(a, b)| a == b)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack
+        .windows(needle.len())
+        .position(|w| starts_with(w, needle))
 }
 
 #[cfg(test)]

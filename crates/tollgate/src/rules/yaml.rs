@@ -685,7 +685,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         }
     }
     Some(Domain {
-        name,
+        name: name.into(),
         files,
         rules,
         root,
@@ -785,7 +785,8 @@ impl Compiler<'_> {
                 wildcard: d.value.as_deref().is_some_and(|v| v.contains('*')),
                 value: d.value,
                 origin: d.origin,
-                stat_path: stat_path.clone(),
+                stat_path: stat_path.as_str().into(),
+                shares: d.share_threshold || parent.is_some_and(|p| self.rules[p].shares),
                 limits,
                 unlimited: d.unlimited,
                 shadow_mode: d.shadow_mode,
