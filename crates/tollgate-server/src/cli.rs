@@ -1,8 +1,10 @@
 //! The command line: every subcommand and flag, with its environment variable and default.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Tollgate: an exact, fast rate limiter.
 ///
@@ -19,6 +21,10 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the rate limit service: Envoy's gRPC rate limit API, the HTTP API, metrics
+    /// and admin endpoints, on the embedded in-memory store. Rules reload when their
+    /// files change, on SIGHUP and on `POST /reload`; SIGTERM drains and exits.
+    Serve(ServeArgs),
     /// Check rule files (files or directories); print every problem with its file,
     /// line and column, or a one-line summary per domain. Exits non-zero on any error.
     Validate {
@@ -39,4 +45,70 @@ pub enum Command {
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
     },
+}
+
+/// Settings of `tollgate serve`; every flag also reads a `TOLLGATE_*` variable.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Rule files or directories of `*.yaml` / `*.yml` rule files (repeatable).
+    #[arg(long, env = "TOLLGATE_CONFIG", required = true, value_delimiter = ',')]
+    pub config: Vec<PathBuf>,
+    /// Address for Envoy's gRPC rate limit service.
+    #[arg(long, env = "TOLLGATE_GRPC_LISTEN", default_value = "0.0.0.0:8081")]
+    pub grpc_listen: SocketAddr,
+    /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
+    #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    pub http_listen: SocketAddr,
+    /// Where counters live: `memory` (the embedded store; the Redis store is a later issue).
+    #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+    pub store: String,
+    /// Most keys the in-memory store holds before evicting those nearest to fresh.
+    #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 10_000_000)]
+    pub max_keys: usize,
+    /// Global shadow mode: report every status, but always answer OK overall.
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Let several rule files define the same domain.
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
+    pub merge_domains: bool,
+    /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
+    #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ratelimit_headers: bool,
+    /// Also add the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` headers.
+    #[arg(long, env = "TOLLGATE_LEGACY_HEADERS")]
+    pub legacy_headers: bool,
+    /// Share of a limit used from which hits count as `near_limit` in metrics.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+    /// Log format.
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing's `RUST_LOG` syntax), e.g. `info` or `tollgate=debug`.
+    #[arg(long, env = "TOLLGATE_LOG", default_value = "info")]
+    pub log: String,
+    /// How long SIGTERM waits for in-flight calls before exiting anyway.
+    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 10s or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("`{s}` is not a duration like 10s or 500ms")),
+    }
 }

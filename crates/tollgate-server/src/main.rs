@@ -1,7 +1,13 @@
 //! `tollgate`: the rate limit service, gateway and tools. See `tollgate --help`.
 
+mod api;
+mod app;
 mod cli;
 mod conformance;
+mod grpc;
+mod headers;
+mod metrics;
+mod service;
 mod validate;
 
 use std::process::ExitCode;
@@ -16,6 +22,7 @@ fn main() -> ExitCode {
             let _ = Cli::command().print_help();
             ExitCode::SUCCESS
         }
+        Some(Command::Serve(args)) => app::serve(args),
         Some(Command::Validate {
             paths,
             merge_domains,

@@ -111,3 +111,16 @@ fn validate_names_a_missing_path() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("/nonexistent/rules.yaml:0:0: no such file or directory"));
 }
+
+#[test]
+fn the_example_rule_files_are_valid() {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let out = tollgate(&["validate", examples.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        4,
+        "{}",
+        text(&out.stdout)
+    );
+}

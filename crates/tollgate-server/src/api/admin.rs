@@ -1,0 +1,83 @@
+//! Health, readiness, the active rules, reload, and metrics.
+
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use tollgate::rules::ReloadOutcome;
+
+use crate::service::Service;
+
+/// Envoy's name: 200 `OK` while serving, 503 while not ready or draining.
+pub(super) async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
+    if service.is_ready() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "NOT READY").into_response()
+    }
+}
+
+/// Liveness: the process answers.
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Readiness: rules loaded and listeners up; 503 while draining.
+pub(super) async fn readyz(State(service): State<Arc<Service>>) -> Response {
+    healthcheck(State(service)).await
+}
+
+/// The active rule set: its files, load time, domains, and the last reload error.
+pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_json::Value> {
+    let rules = service.limiter.rules();
+    let set = rules.current();
+    let domains: Vec<_> = set
+        .domains()
+        .iter()
+        .map(|d| json!({"domain": &*d.name, "files": d.files, "rules": d.rule_count(), "limits": d.limit_count()}))
+        .collect();
+    Json(json!({
+        "loaded_at_unix": set.loaded_at().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+        "files": set.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "domains": domains,
+        "load_successes": rules.load_successes(),
+        "load_failures": rules.load_failures(),
+        "last_error": rules.last_error().map(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>()),
+    }))
+}
+
+/// Reloads the rules now: 200 when reloaded or unchanged; 422 with every error when
+/// the new rules are invalid (the old ones keep serving).
+pub(super) async fn reload(State(service): State<Arc<Service>>) -> Response {
+    let rules = Arc::clone(service.limiter.rules());
+    let outcome = tokio::task::spawn_blocking(move || rules.reload()).await;
+    match outcome {
+        Ok(Ok(ReloadOutcome::Reloaded)) => (StatusCode::OK, Json(json!({"outcome": "reloaded"}))).into_response(),
+        Ok(Ok(ReloadOutcome::Unchanged)) => (StatusCode::OK, Json(json!({"outcome": "unchanged"}))).into_response(),
+        Ok(Err(errors)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"outcome": "rejected", "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>()})),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+    }
+}
+
+/// Prometheus exposition (OpenMetrics text).
+pub(super) async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    let body = service
+        .metrics
+        .render(service.limiter.rules(), service.limiter.store());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}

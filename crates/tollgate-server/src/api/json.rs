@@ -1,0 +1,243 @@
+//! `POST /json`: envoyproxy/ratelimit's HTTP endpoint. The body is a
+//! `RateLimitRequest` in proto3 JSON (lowerCamelCase or the proto's snake_case field
+//! names, 64-bit numbers as numbers or strings, enums by name or number); the answer is
+//! a `RateLimitResponse` in proto3 JSON, 200 when OK, 429 when over the limit, 400 on
+//! bad input. The request goes through the same conversion as gRPC.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::{json, Map, Value};
+
+use super::{bad_request, decided, limiter_error};
+use crate::grpc::rls::{from_wire, to_wire};
+use crate::service::Service;
+
+pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> Response {
+    let wire = match parse(&body) {
+        Ok(w) => w,
+        Err(why) => return bad_request(&service, why),
+    };
+    let request = match from_wire(wire) {
+        Ok(r) => r,
+        Err(why) => return bad_request(&service, why),
+    };
+    match service.decide(&request).await {
+        Ok(response) => {
+            let wire = to_wire(&response, &service);
+            decided(&service, &response, render(&wire))
+        }
+        Err(e) => limiter_error(&service, e),
+    }
+}
+
+/// A field by its JSON (lowerCamelCase) or proto (snake_case) name.
+fn get<'a>(obj: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a Value> {
+    obj.get(camel).or_else(|| obj.get(snake))
+}
+
+/// A proto3-JSON unsigned integer: a number or a decimal string.
+fn unsigned(v: &Value, what: &str) -> Result<u64, String> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{what} must be a non-negative whole number")),
+        Value::String(s) => s
+            .parse()
+            .map_err(|_| format!("{what} must be a non-negative whole number, got \"{s}\"")),
+        Value::Null => Ok(0),
+        _ => Err(format!("{what} must be a number")),
+    }
+}
+
+fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    let obj = value
+        .as_object()
+        .ok_or("the body must be a JSON object (a RateLimitRequest)")?;
+    let domain = match obj.get("domain") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => String::new(),
+        Some(_) => return Err("`domain` must be a string".into()),
+    };
+    let hits = match get(obj, "hitsAddend", "hits_addend") {
+        Some(v) => u32::try_from(unsigned(v, "`hitsAddend`")?)
+            .map_err(|_| "`hitsAddend` is too large".to_string())?,
+        None => 0,
+    };
+    let descriptors = match obj.get("descriptors") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, d)| descriptor(i, d))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("`descriptors` must be a list".into()),
+    };
+    Ok(RateLimitRequest {
+        domain,
+        descriptors,
+        hits_addend: hits,
+    })
+}
+
+fn descriptor(i: usize, v: &Value) -> Result<RateLimitDescriptor, String> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("descriptor {i} must be an object"))?;
+    let entries = match obj.get("entries") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(j, e)| {
+                let e = e
+                    .as_object()
+                    .ok_or_else(|| format!("descriptor {i}, entry {j} must be an object"))?;
+                let field = |name: &str| match e.get(name) {
+                    Some(Value::String(s)) => Ok(s.clone()),
+                    None | Some(Value::Null) => Ok(String::new()),
+                    Some(_) => Err(format!(
+                        "descriptor {i}, entry {j}: `{name}` must be a string"
+                    )),
+                };
+                Ok(Entry {
+                    key: field("key")?,
+                    value: field("value")?,
+                })
+            })
+            .collect::<Result<_, String>>()?,
+        Some(_) => return Err(format!("descriptor {i}: `entries` must be a list")),
+    };
+    let limit = match obj.get("limit") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(l)) => {
+            let rpu = get(l, "requestsPerUnit", "requests_per_unit")
+                .map_or(Ok(0), |v| unsigned(v, "`requestsPerUnit`"))?;
+            let unit = match l.get("unit") {
+                Some(Value::String(s)) => Unit::from_str_name(s)
+                    .map(|u| u as i32)
+                    .ok_or_else(|| format!("descriptor {i}: unknown unit \"{s}\""))?,
+                Some(Value::Number(n)) => {
+                    n.as_i64().and_then(|n| i32::try_from(n).ok()).unwrap_or(0)
+                }
+                _ => 0,
+            };
+            Some(RateLimitOverride {
+                requests_per_unit: u32::try_from(rpu)
+                    .map_err(|_| format!("descriptor {i}: `requestsPerUnit` is too large"))?,
+                unit,
+            })
+        }
+        Some(_) => return Err(format!("descriptor {i}: `limit` must be an object")),
+    };
+    let hits_addend = match get(obj, "hitsAddend", "hits_addend") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(UInt64Value {
+            value: unsigned(v, "`hitsAddend`")?,
+        }),
+    };
+    Ok(RateLimitDescriptor {
+        entries,
+        limit,
+        hits_addend,
+        is_negative_hits: false,
+    })
+}
+
+/// The response in proto3 JSON (default values left out, as proto3 JSON does).
+fn render(wire: &RateLimitResponse) -> Value {
+    let code = |c: i32| Code::try_from(c).map_or("UNKNOWN", |c| c.as_str_name());
+    let statuses: Vec<Value> = wire
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut m = Map::new();
+            m.insert("code".into(), json!(code(s.code)));
+            if let Some(l) = &s.current_limit {
+                let mut limit = Map::new();
+                if !l.name.is_empty() {
+                    limit.insert("name".into(), json!(l.name));
+                }
+                limit.insert("requestsPerUnit".into(), json!(l.requests_per_unit));
+                limit.insert(
+                    "unit".into(),
+                    json!(Unit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name())),
+                );
+                m.insert("currentLimit".into(), Value::Object(limit));
+            }
+            if s.limit_remaining > 0 {
+                m.insert("limitRemaining".into(), json!(s.limit_remaining));
+            }
+            if let Some(d) = &s.duration_until_reset {
+                let secs = if d.nanos == 0 {
+                    format!("{}s", d.seconds)
+                } else {
+                    format!("{}.{:09}s", d.seconds, d.nanos)
+                };
+                m.insert("durationUntilReset".into(), json!(secs));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    let headers: Vec<Value> = wire
+        .response_headers_to_add
+        .iter()
+        .map(|h| json!({"key": h.key, "value": h.value}))
+        .collect();
+    let mut out = Map::new();
+    out.insert("overallCode".into(), json!(code(wire.overall_code)));
+    out.insert("statuses".into(), Value::Array(statuses));
+    if !headers.is_empty() {
+        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn both_field_spellings_and_string_numbers_are_accepted() {
+        let w = parse(br#"{"domain":"d","hits_addend":2,"descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":"5","limit":{"requests_per_unit":"7","unit":"MINUTE"}}]}"#).unwrap();
+        assert_eq!(w.hits_addend, 2);
+        assert_eq!(
+            w.descriptors[0].hits_addend.as_ref().map(|h| h.value),
+            Some(5)
+        );
+        assert_eq!(
+            w.descriptors[0]
+                .limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((7, 2))
+        );
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        assert_eq!(
+            parse(br#"{"domain":5}"#).unwrap_err(),
+            "`domain` must be a string"
+        );
+        assert_eq!(
+            parse(br#"{"domain":"d","descriptors":[{"entries":[{"key":1}]}]}"#).unwrap_err(),
+            "descriptor 0, entry 0: `key` must be a string"
+        );
+        assert_eq!(
+            parse(br#"{"domain":"d","hitsAddend":-1}"#).unwrap_err(),
+            "`hitsAddend` must be a non-negative whole number"
+        );
+    }
+}

@@ -1,0 +1,88 @@
+//! The HTTP listener: Envoy's `/json`, Tollgate's `/v1/check`, and the admin endpoints
+//! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/metrics`).
+
+mod admin;
+mod check;
+mod json;
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+use tollgate::limiter::{self, Code, RateLimitResponse};
+
+use crate::headers::headers;
+use crate::service::Service;
+
+/// Every HTTP route.
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/json", post(json::handle))
+        .route("/v1/check", post(check::handle))
+        .route("/healthcheck", get(admin::healthcheck))
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/rules", get(admin::rules))
+        .route("/reload", post(admin::reload))
+        .route("/metrics", get(admin::metrics))
+        .with_state(service)
+}
+
+/// A 400 with a JSON body saying what is wrong.
+pub(crate) fn bad_request(service: &Service, message: impl Into<String>) -> Response {
+    service.metrics.invalid_request();
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({ "error": message.into() })),
+    )
+        .into_response()
+}
+
+/// Maps a limiter error to a response.
+pub(crate) fn limiter_error(service: &Service, e: limiter::Error) -> Response {
+    match e {
+        limiter::Error::InvalidRequest(why) => bad_request(service, why),
+        other => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "error": other.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
+/// 200 or 429 with the rate limit headers of `response` and `body`.
+pub(crate) fn decided(
+    service: &Service,
+    response: &RateLimitResponse,
+    body: serde_json::Value,
+) -> Response {
+    let status = if response.overall == Code::OverLimit {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    let mut map = HeaderMap::new();
+    for (name, value) in headers(response, service.headers) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            map.append(HeaderName::from_static(static_lower(name)), value);
+        }
+    }
+    (status, map, axum::Json(body)).into_response()
+}
+
+/// Header names are written in their usual case in `headers`; HTTP/1 and HTTP/2 want
+/// them lower-case.
+fn static_lower(name: &'static str) -> &'static str {
+    match name {
+        "RateLimit-Policy" => "ratelimit-policy",
+        "RateLimit" => "ratelimit",
+        "Retry-After" => "retry-after",
+        "X-RateLimit-Limit" => "x-ratelimit-limit",
+        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
+        "X-RateLimit-Reset" => "x-ratelimit-reset",
+        _ => "x-tollgate",
+    }
+}

@@ -1,0 +1,212 @@
+//! The composition root of `tollgate serve`: settings → rules → store → limiter →
+//! service → gRPC and HTTP listeners, and the signals that reload and drain.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate::clock::{Clock, SystemClock};
+use tollgate::limiter::{Limiter, Settings};
+use tollgate::rules::{self, LoadOptions, Rules};
+use tollgate::store::MemoryStore;
+use tracing::{error, info, warn};
+
+use crate::cli::{LogFormat, ServeArgs};
+use crate::headers::HeaderSettings;
+use crate::metrics::Metrics;
+use crate::service::Service;
+use crate::{api, grpc};
+
+/// How often the in-memory store drops states that are fresh again.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Runs the service until SIGTERM or SIGINT, then drains.
+pub fn serve(args: ServeArgs) -> ExitCode {
+    init_logging(&args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+fn init_logging(args: &ServeArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match args.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn run(args: ServeArgs) -> ExitCode {
+    if args.store != "memory" {
+        error!(store = %args.store, "unknown store: only `memory` is available so far (Redis is a later issue)");
+        return ExitCode::FAILURE;
+    }
+    let options = LoadOptions {
+        merge_domains: args.merge_domains,
+    };
+    let rules = match Rules::load(args.config.clone(), options) {
+        Ok(r) => Arc::new(r),
+        Err(errors) => {
+            for e in errors.iter() {
+                error!("{e}");
+            }
+            error!("the rules are invalid; not starting");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Keep the watcher alive for the life of the service.
+    let _watcher = match rules::watch(Arc::clone(&rules)) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!("cannot watch the rule files ({e}); reload with SIGHUP or POST /reload");
+            None
+        }
+    };
+    if let Err(e) = rules::reload_on_sighup(Arc::clone(&rules)) {
+        warn!("cannot listen for SIGHUP: {e}");
+    }
+    let store = MemoryStore::builder().max_keys(args.max_keys).build();
+    let limiter = Limiter::new(Arc::clone(&rules), store).with_settings(Settings {
+        global_shadow_mode: args.shadow_mode,
+    });
+    let headers = HeaderSettings {
+        draft: args.ratelimit_headers,
+        legacy: args.legacy_headers,
+    };
+    let service = Arc::new(Service::new(
+        limiter,
+        Metrics::new(args.near_limit_ratio),
+        headers,
+    ));
+
+    let (grpc_listener, http_listener) = match (
+        TcpListener::bind(args.grpc_listen).await,
+        TcpListener::bind(args.http_listen).await,
+    ) {
+        (Ok(g), Ok(h)) => (g, h),
+        (Err(e), _) => {
+            error!(addr = %args.grpc_listen, "cannot listen for gRPC: {e}");
+            return ExitCode::FAILURE;
+        }
+        (_, Err(e)) => {
+            error!(addr = %args.http_listen, "cannot listen for HTTP: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let grpc_addr = grpc_listener.local_addr().map_or(args.grpc_listen, |a| a);
+    let http_addr = http_listener.local_addr().map_or(args.http_listen, |a| a);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let grpc = tokio::spawn({
+        let service = Arc::clone(&service);
+        let stop = stopped(stop_rx.clone());
+        async move {
+            tonic::transport::Server::builder()
+                .add_service(grpc::rls::server(service))
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(grpc_listener)
+                        .with_nodelay(Some(true)),
+                    stop,
+                )
+                .await
+        }
+    });
+    let http = tokio::spawn({
+        let router = api::router(Arc::clone(&service));
+        let stop = stopped(stop_rx.clone());
+        async move {
+            axum::serve(http_listener, router)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+
+    let set = rules.current();
+    let (domains, rule_count) = rules::summary(&set);
+    service.set_ready(true);
+    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = "memory", "tollgate serving");
+
+    shutdown_signal().await;
+    info!(timeout = ?args.drain_timeout, "draining: finishing in-flight calls");
+    service.set_ready(false);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(args.drain_timeout, async {
+        let (g, h) = tokio::join!(grpc, http);
+        (g, h)
+    })
+    .await;
+    sweeper.abort();
+    match drained {
+        Ok((Ok(Ok(())), Ok(Ok(())))) => {
+            info!("drained; bye");
+            ExitCode::SUCCESS
+        }
+        Ok((g, h)) => {
+            error!(grpc = ?g.map(|r| r.map_err(|e| e.to_string())), http = ?h.map(|r| r.map_err(|e| e.to_string())), "a listener failed");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            warn!("drain timeout: exiting with calls still in flight");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Resolves when `stop` turns true.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Drops fresh states from the store every [`SWEEP_EVERY`].
+async fn sweep(service: Arc<Service>, stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    while !*stop.borrow() {
+        tick.tick().await;
+        let dropped = service.limiter.store().sweep(SystemClock.now());
+        if dropped > 0 {
+            tracing::debug!(dropped, "swept fresh keys");
+        }
+    }
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

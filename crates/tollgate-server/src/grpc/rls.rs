@@ -1,0 +1,169 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, a drop-in for
+//! envoyproxy/ratelimit: wire types in, [`Service::decide`], wire types out.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as WireUnit, Code as WireCode, DescriptorStatus as WireStatus,
+    RateLimit as WireLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest as WireRequest, RateLimitResponse as WireResponse,
+};
+use envoy_types::pb::google::protobuf::Duration as WireDuration;
+use tollgate::clock::NANOS_PER_SEC;
+use tollgate::limiter::{
+    self, Code, Descriptor, LimitOverride, RateLimitRequest, RateLimitResponse,
+};
+use tollgate::rules::Unit;
+
+use crate::headers::{headers, problem_body};
+use crate::service::Service;
+
+/// The tonic service.
+pub struct Rls {
+    service: Arc<Service>,
+}
+
+/// The server to mount on a tonic router.
+pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls { service })
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<WireRequest>,
+    ) -> Result<tonic::Response<WireResponse>, tonic::Status> {
+        let request = from_wire(request.into_inner()).map_err(|e| {
+            self.service.metrics.invalid_request();
+            tonic::Status::invalid_argument(e)
+        })?;
+        match self.service.decide(&request).await {
+            Ok(response) => Ok(tonic::Response::new(to_wire(&response, &self.service))),
+            Err(limiter::Error::InvalidRequest(why)) => Err(tonic::Status::invalid_argument(why)),
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        }
+    }
+}
+
+/// The wire request as a [`RateLimitRequest`]; `Err` names what is malformed.
+pub fn from_wire(wire: WireRequest) -> Result<RateLimitRequest, String> {
+    let descriptors = wire
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| descriptor_from_wire(i, d))
+        .collect::<Result<Vec<_>, String>>()?;
+    let request = RateLimitRequest {
+        domain: wire.domain,
+        descriptors,
+        hits_addend: u64::from(wire.hits_addend),
+    };
+    request.validate().map_err(|e| match e {
+        limiter::Error::InvalidRequest(why) => why,
+        other => other.to_string(),
+    })?;
+    Ok(request)
+}
+
+fn descriptor_from_wire(i: usize, d: RateLimitDescriptor) -> Result<Descriptor, String> {
+    if d.is_negative_hits {
+        return Err(format!(
+            "descriptor {i}: is_negative_hits (returning hits) is not supported"
+        ));
+    }
+    let limit = match d.limit {
+        None => None,
+        Some(o) => Some(LimitOverride {
+            requests_per_unit: u64::from(o.requests_per_unit),
+            unit: unit_from_wire(o.unit)
+                .ok_or_else(|| format!("descriptor {i}: the limit override has no valid unit"))?,
+        }),
+    };
+    Ok(Descriptor {
+        entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+        limit,
+        hits_addend: d.hits_addend.map(|h| h.value),
+    })
+}
+
+/// `envoy.type.v3.RateLimitUnit` (the override's unit) as a [`Unit`].
+fn unit_from_wire(unit: i32) -> Option<Unit> {
+    Some(match unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        7 => Unit::Week,
+        _ => return None,
+    })
+}
+
+fn unit_to_wire(unit: Unit) -> WireUnit {
+    match unit {
+        Unit::Second => WireUnit::Second,
+        Unit::Minute => WireUnit::Minute,
+        Unit::Hour => WireUnit::Hour,
+        Unit::Day => WireUnit::Day,
+        Unit::Week => WireUnit::Week,
+        Unit::Month => WireUnit::Month,
+        Unit::Year => WireUnit::Year,
+    }
+}
+
+fn code_to_wire(code: Code) -> WireCode {
+    match code {
+        Code::Ok => WireCode::Ok,
+        Code::OverLimit => WireCode::OverLimit,
+    }
+}
+
+/// A decision as the wire response Envoy reads.
+pub fn to_wire(response: &RateLimitResponse, service: &Service) -> WireResponse {
+    let statuses = response
+        .statuses
+        .iter()
+        .map(|s| WireStatus {
+            code: code_to_wire(s.code) as i32,
+            current_limit: s.limit.as_ref().map(|l| WireLimit {
+                name: l.name.clone().unwrap_or_default(),
+                requests_per_unit: u32::try_from(l.requests_per_unit).unwrap_or(u32::MAX),
+                unit: unit_to_wire(l.unit) as i32,
+            }),
+            limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: s.limit.as_ref().map(|_| WireDuration {
+                seconds: i64::try_from(s.reset_after / NANOS_PER_SEC).unwrap_or(i64::MAX),
+                nanos: (s.reset_after % NANOS_PER_SEC) as i32,
+            }),
+            quota: None,
+        })
+        .collect();
+    let response_headers_to_add = headers(response, service.headers)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_string(),
+            value,
+            ..Default::default()
+        })
+        .collect();
+    WireResponse {
+        overall_code: code_to_wire(response.overall) as i32,
+        statuses,
+        response_headers_to_add,
+        raw_body: if response.overall == Code::OverLimit {
+            problem_body(response)
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}

@@ -1,0 +1,65 @@
+//! [`Service`]: what every front end shares: the limiter, metrics, header settings and
+//! readiness. [`Service::decide`] is the one decision path gRPC and HTTP call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
+use tollgate::store::MemoryStore;
+
+use crate::headers::HeaderSettings;
+use crate::metrics::Metrics;
+
+/// The state behind every listener.
+pub struct Service {
+    /// Rules + store → decisions.
+    pub limiter: Limiter<MemoryStore>,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Which rate limit headers to add.
+    pub headers: HeaderSettings,
+    ready: AtomicBool,
+}
+
+impl Service {
+    /// A service over `limiter`; not ready until [`set_ready`](Self::set_ready).
+    pub fn new(limiter: Limiter<MemoryStore>, metrics: Metrics, headers: HeaderSettings) -> Self {
+        Self {
+            limiter,
+            metrics,
+            headers,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Decides a request, recording metrics.
+    pub async fn decide(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, limiter::Error> {
+        let started = Instant::now();
+        match self.limiter.check(request).await {
+            Ok(response) => {
+                self.metrics
+                    .record(request, &response, started.elapsed().as_secs_f64());
+                Ok(response)
+            }
+            Err(e) => {
+                if matches!(e, limiter::Error::InvalidRequest(_)) {
+                    self.metrics.invalid_request();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks the service ready (rules loaded, listeners bound) or not (draining).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}

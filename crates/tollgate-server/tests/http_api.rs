@@ -1,0 +1,258 @@
+//! The HTTP listener with a real client: every endpoint, the rate limit headers, and a
+//! 400 for every kind of malformed input.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+mod support;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use support::{tempdir, Server};
+
+const RULES: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}
+  - key: path
+    value: /upload*
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
+async fn server(name: &str, args: &[&str]) -> Server {
+    let dir = tempdir(name);
+    std::fs::write(dir.join("api.yaml"), RULES).unwrap();
+    Server::start(&dir, args).await
+}
+
+async fn check(c: &Client, s: &Server, body: Value) -> reqwest::Response {
+    c.post(format!("{}/v1/check", s.http))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn v1_check_counts_down_then_answers_429_with_retry_after() {
+    let s = server("check", &["--legacy-headers"]).await;
+    let c = Client::new();
+    let req = json!({"domain": "api", "descriptors": [{"user": "alice"}]});
+    let first = check(&c, &s, req.clone()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let h = first.headers().clone();
+    assert_eq!(h["ratelimit-policy"], "\"per_user\";q=2;w=60");
+    let rl = h["ratelimit"].to_str().unwrap().to_string();
+    assert!(rl.starts_with("\"per_user\";r=1;t="), "{rl}");
+    assert_eq!(h["x-ratelimit-limit"], "2");
+    assert_eq!(h["x-ratelimit-remaining"], "1");
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["descriptors"][0]["remaining"], 1);
+    assert_eq!(body["descriptors"][0]["limit"]["unit"], "MINUTE");
+
+    assert_eq!(check(&c, &s, req.clone()).await.status(), StatusCode::OK);
+    let third = check(&c, &s, req).await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = third.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(
+        (body["allowed"].clone(), body["overall"].clone()),
+        (json!(false), json!("OVER_LIMIT"))
+    );
+    assert_eq!(body["descriptors"][0]["retry_after_seconds"], retry);
+}
+
+#[tokio::test]
+async fn v1_check_refuses_malformed_input_with_a_reason() {
+    let s = server("check-400", &[]).await;
+    let c = Client::new();
+    let cases: [(&str, &str); 6] = [
+        ("{not json", "the body is not valid JSON"),
+        ("[1,2]", "the body must be a JSON object"),
+        (r#"{"domain":"api"}"#, "`descriptors` is missing"),
+        (
+            r#"{"domain":"","descriptors":[{"user":"a"}]}"#,
+            "the domain is empty",
+        ),
+        (
+            r#"{"domain":"api","descriptors":[]}"#,
+            "the request has no descriptors",
+        ),
+        (
+            r#"{"domain":"api","descriptors":[{"":"x"}]}"#,
+            "descriptor 0, entry 0 has an empty key",
+        ),
+    ];
+    for (body, why) in cases {
+        let r = c
+            .post(format!("{}/v1/check", s.http))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{body}");
+        let err: Value = r.json().await.unwrap();
+        assert!(
+            err["error"].as_str().unwrap().contains(why),
+            "{body}: {err}"
+        );
+    }
+    // And the service is still up.
+    assert_eq!(
+        check(
+            &c,
+            &s,
+            json!({"domain": "api", "descriptors": [{"user": "z"}]})
+        )
+        .await
+        .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn envoys_json_endpoint_speaks_proto3_json() {
+    let s = server("json", &[]).await;
+    let c = Client::new();
+    let req = json!({"domain": "api", "descriptors": [
+        {"entries": [{"key": "path", "value": "/upload/a.png"}]},
+        {"entries": [{"key": "nothing", "value": "x"}]}
+    ]});
+    let ok = c
+        .post(format!("{}/json", s.http))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let body: Value = ok.json().await.unwrap();
+    assert_eq!(body["overallCode"], "OK");
+    assert_eq!(
+        body["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 1, "unit": "HOUR"})
+    );
+    assert_eq!(body["statuses"][1], json!({"code": "OK"}));
+    let over = c
+        .post(format!("{}/json", s.http))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over.status(), 429);
+    let body: Value = over.json().await.unwrap();
+    assert_eq!(body["overallCode"], "OVER_LIMIT");
+    assert!(body["responseHeadersToAdd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h["key"] == "Retry-After"));
+    let bad = c
+        .post(format!("{}/json", s.http))
+        .body(r#"{"domain":"api","descriptors":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test]
+async fn health_rules_and_metrics_endpoints_answer() {
+    let s = server("admin", &[]).await;
+    let c = Client::new();
+    for (path, body) in [
+        ("/healthcheck", "OK"),
+        ("/healthz", "ok"),
+        ("/readyz", "OK"),
+    ] {
+        let r = c.get(format!("{}{path}", s.http)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.text().await.unwrap(), body);
+    }
+    let rules: Value = c
+        .get(format!("{}/rules", s.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        rules["domains"][0],
+        json!({"domain": "api", "files": [s.rules.join("api.yaml").display().to_string()], "rules": 2, "limits": 2})
+    );
+    assert!(rules["loaded_at_unix"].as_u64().unwrap() > 1_700_000_000);
+
+    check(
+        &c,
+        &s,
+        json!({"domain": "api", "descriptors": [{"user": "m"}]}),
+    )
+    .await;
+    let text = c
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "tollgate_total_hits_total{domain=\"api\",descriptor=\"user\"} 1",
+        "tollgate_within_limit_total{domain=\"api\",descriptor=\"user\"} 1",
+        "tollgate_decision_duration_seconds_count 1",
+        "tollgate_config_load_success_total 1",
+        "tollgate_config_load_error_total 0",
+        "tollgate_store_keys 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn metric_labels_stay_bounded_whatever_the_runtime_values() {
+    let s = server("cardinality", &[]).await;
+    let c = Client::new();
+    for i in 0..300 {
+        check(
+            &c,
+            &s,
+            json!({"domain": "api", "descriptors": [{"user": format!("u{i}")}]}),
+        )
+        .await;
+    }
+    let text = c
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("tollgate_total_hits_total{"))
+        .count();
+    assert_eq!(series, 1, "one series per rule, not per user:\n{text}");
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_cleanly() {
+    let mut s = server("drain", &[]).await;
+    s.terminate();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "did not exit after SIGTERM"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,287 @@
+"""`tollgate serve` answering a real Envoy rate limit client we did not write.
+
+The client is grpcio with the stubs the `xds-protos` package generates from Envoy's own
+protos (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), so this checks
+the wire format as Envoy sees it, not as our Rust types see it.
+
+Run by `tests/grpc_python.rs` (`cargo test`), or directly:
+
+    TOLLGATE_BIN=target/debug/tollgate .venv/bin/python -m pytest -q crates/tollgate-server/tests/python
+
+Each test uses its own descriptor values: the server (and its counters) is shared by
+the whole module.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+HOST = "127.0.0.1"
+
+RULES = """\
+domain: test
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+  - key: path
+    value: /upload*
+    rate_limit: {unit: hour, requests_per_unit: 1, name: uploads}
+  - key: unlimited
+    rate_limit: {unlimited: true}
+"""
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
+MINUTE = rls_pb2.RateLimitResponse.RateLimit.MINUTE
+HOUR = rls_pb2.RateLimitResponse.RateLimit.HOUR
+U32_MAX = 4294967295
+
+
+def free_port():
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def http_status(url):
+    """The status of GET `url`, never through a proxy; None when nothing answers."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=1) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def log_text(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    """A running `tollgate serve` with RULES, and a stub connected to its gRPC port.
+
+    At the end: SIGTERM, and the server must drain and exit 0 within a few seconds.
+    """
+    binary = os.environ.get("TOLLGATE_BIN")
+    assert binary, "set TOLLGATE_BIN to the tollgate binary (cargo test does this)"
+    tmp = tmp_path_factory.mktemp("tollgate")
+    rules = tmp / "rules"
+    rules.mkdir()
+    (rules / "test.yaml").write_text(RULES)
+    grpc_port, http_port = free_port(), free_port()
+    while http_port == grpc_port:
+        http_port = free_port()
+    log_path = tmp / "server.log"
+    command = [
+        binary,
+        "serve",
+        "--config", str(rules),
+        "--grpc-listen", f"{HOST}:{grpc_port}",
+        "--http-listen", f"{HOST}:{http_port}",
+        "--legacy-headers",
+    ]
+    # No TOLLGATE_* settings from the caller's environment: only the flags above count.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 10
+        ready = f"http://{HOST}:{http_port}/readyz"
+        while http_status(ready) != 200:
+            if server.poll() is not None:
+                pytest.fail(f"tollgate serve exited with {server.returncode} before it was ready:\n{log_text(log_path)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{ready} did not answer 200 within 10 s:\n{log_text(log_path)}")
+            time.sleep(0.05)
+
+        channel = grpc.insecure_channel(f"{HOST}:{grpc_port}", options=[("grpc.enable_http_proxy", 0)])
+        try:
+            yield rls_pb2_grpc.RateLimitServiceStub(channel)
+        finally:
+            channel.close()
+
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"tollgate serve did not exit within 5 s of SIGTERM:\n{log_text(log_path)}")
+        assert code == 0, f"tollgate serve exited with {code} after SIGTERM:\n{log_text(log_path)}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def request(domain, *descriptors, hits_addend=0):
+    """A RateLimitRequest; each descriptor is a list of (key, value) entries."""
+    return rls_pb2.RateLimitRequest(
+        domain=domain,
+        descriptors=[
+            ratelimit_pb2.RateLimitDescriptor(
+                entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+            )
+            for entries in descriptors
+        ],
+        hits_addend=hits_addend,
+    )
+
+
+def check(stub, *descriptors, domain="test", hits_addend=0):
+    return stub.ShouldRateLimit(request(domain, *descriptors, hits_addend=hits_addend), timeout=5)
+
+
+def headers(response):
+    """`response_headers_to_add` as a dict by lower-case name; every name at most once."""
+    names = [h.key.lower() for h in response.response_headers_to_add]
+    assert len(names) == len(set(names)), f"a header repeats: {names}"
+    return {h.key.lower(): h.value for h in response.response_headers_to_add}
+
+
+def away_from_window_end(window_seconds, margin=5):
+    """Waits, if needed, so that the next `margin` seconds stay in one epoch-aligned
+    window of `window_seconds`: a count must not restart in the middle of a test."""
+    left = window_seconds - time.time() % window_seconds
+    if left < margin:
+        time.sleep(left + 0.2)
+
+
+def test_a_user_counts_down_to_zero_then_is_over_the_limit(stub):
+    away_from_window_end(60)
+    for expected_remaining in (2, 1, 0):
+        response = check(stub, [("user", "alice")])
+        assert response.overall_code == OK
+        assert len(response.statuses) == 1
+        status = response.statuses[0]
+        assert status.code == OK
+        assert status.limit_remaining == expected_remaining
+        assert status.current_limit.requests_per_unit == 3
+        assert status.current_limit.unit == MINUTE
+        assert status.current_limit.name == "per_user"
+        assert 1 <= status.duration_until_reset.seconds <= 60
+
+    response = check(stub, [("user", "alice")])
+    assert response.overall_code == OVER_LIMIT
+    assert response.statuses[0].code == OVER_LIMIT
+    assert response.statuses[0].limit_remaining == 0
+    assert response.statuses[0].current_limit.name == "per_user"
+
+
+def test_answers_carry_ratelimit_headers_and_a_rejection_explains_itself(stub):
+    away_from_window_end(60)
+    response = check(stub, [("user", "carol")])
+    assert response.overall_code == OK
+    h = headers(response)
+    assert h["ratelimit-policy"] == '"per_user";q=3;w=60'
+    state = re.fullmatch(r'"per_user";r=(\d+);t=(\d+)', h["ratelimit"])
+    assert state, f"RateLimit: {h['ratelimit']!r}"
+    assert int(state.group(1)) == 2
+    assert 1 <= int(state.group(2)) <= 60
+    assert h["x-ratelimit-limit"] == "3"
+    assert h["x-ratelimit-remaining"] == "2"
+    assert 1 <= int(h["x-ratelimit-reset"]) <= 60
+    assert "retry-after" not in h, "an OK answer has no Retry-After"
+    assert response.raw_body == b"", "an OK answer has no body"
+
+    check(stub, [("user", "carol")])
+    check(stub, [("user", "carol")])
+    response = check(stub, [("user", "carol")])
+    assert response.overall_code == OVER_LIMIT
+    h = headers(response)
+    assert re.fullmatch(r"[1-9][0-9]*", h["retry-after"]), f"Retry-After: {h['retry-after']!r}"
+    assert int(h["retry-after"]) <= 60
+    assert re.fullmatch(r'"per_user";r=0;t=\d+', h["ratelimit"]), f"RateLimit: {h['ratelimit']!r}"
+    assert h["x-ratelimit-remaining"] == "0"
+    problem = json.loads(response.raw_body)
+    assert [p["policy"] for p in problem["violated_policies"]] == ["per_user"], problem
+
+
+def test_several_descriptors_answer_in_order_and_a_rejected_request_charges_nothing(stub):
+    away_from_window_end(3600)
+    bob, nothing, upload = [("user", "bob")], [("colour", "blue")], [("path", "/upload/photo.jpg")]
+
+    response = check(stub, bob, nothing, upload)
+    assert response.overall_code == OK
+    assert len(response.statuses) == 3
+    per_user, unmatched, uploads = response.statuses
+    assert (per_user.code, per_user.current_limit.name, per_user.limit_remaining) == (OK, "per_user", 2)
+    assert unmatched.code == OK
+    assert not unmatched.HasField("current_limit"), "a descriptor without a rule has no limit"
+    assert (uploads.code, uploads.current_limit.name, uploads.limit_remaining) == (OK, "uploads", 0)
+    assert uploads.current_limit.unit == HOUR
+    assert uploads.current_limit.requests_per_unit == 1
+
+    bob_remaining = []
+    for _ in range(2):
+        response = check(stub, bob, nothing, upload)
+        assert response.overall_code == OVER_LIMIT
+        assert [s.code for s in response.statuses] == [OK, OK, OVER_LIMIT]
+        assert response.statuses[2].current_limit.name == "uploads"
+        bob_remaining.append(response.statuses[0].limit_remaining)
+    assert bob_remaining[0] == bob_remaining[1], f"bob was charged by a rejected request: {bob_remaining}"
+
+    # Only the first (admitted) request counted for bob.
+    response = check(stub, bob)
+    assert response.overall_code == OK
+    assert response.statuses[0].limit_remaining == 1
+
+
+def test_an_unlimited_descriptor_reports_the_most_remaining_there_is(stub):
+    for _ in range(5):
+        response = check(stub, [("unlimited", "anything")])
+        assert response.overall_code == OK
+        assert response.statuses[0].code == OK
+        assert response.statuses[0].limit_remaining == U32_MAX
+
+
+def test_hits_addend_charges_several_hits_at_once(stub):
+    away_from_window_end(60)
+    response = check(stub, [("user", "dave")], hits_addend=2)
+    assert response.overall_code == OK
+    assert response.statuses[0].limit_remaining == 1
+    response = check(stub, [("user", "dave")])
+    assert response.overall_code == OK
+    assert response.statuses[0].limit_remaining == 0
+
+
+def test_malformed_requests_are_invalid_arguments_and_the_server_keeps_serving(stub):
+    with pytest.raises(grpc.RpcError) as error:
+        check(stub, [("user", "erin")], domain="")
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "domain" in error.value.details()
+
+    with pytest.raises(grpc.RpcError) as error:
+        check(stub)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    with pytest.raises(grpc.RpcError) as error:
+        check(stub, [("", "erin")])
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    away_from_window_end(60)
+    response = check(stub, [("user", "erin")])
+    assert response.overall_code == OK
+    assert response.statuses[0].limit_remaining == 2, "the malformed requests charged nothing"
+
+
+def test_a_domain_without_rules_is_not_limited(stub):
+    response = check(stub, [("user", "frank")], domain="nobody-configured-this")
+    assert response.overall_code == OK
+    assert len(response.statuses) == 1
+    assert response.statuses[0].code == OK
+    assert not response.statuses[0].HasField("current_limit")

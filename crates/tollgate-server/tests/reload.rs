@@ -1,0 +1,152 @@
+//! Hot reload end to end: rewrite the rules under a running server; the new limits
+//! apply within 2 s; an invalid file leaves the old rules serving and counts an error.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::Client;
+use serde_json::{json, Value};
+use support::{tempdir, Server};
+
+const V1: &str =
+    "domain: r\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+async fn limit_of(c: &Client, s: &Server, user: &str) -> (u16, Value) {
+    let r = c
+        .post(format!("{}/v1/check", s.http))
+        .json(&json!({"domain": "r", "descriptors": [{"user": user}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+async fn metric(c: &Client, s: &Server, name: &str) -> u64 {
+    let text = c
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
+}
+
+#[tokio::test]
+async fn rewritten_rules_apply_within_two_seconds_and_bad_ones_are_refused() {
+    let dir = tempdir("reload");
+    std::fs::write(dir.join("r.yaml"), V1).unwrap();
+    let s = Server::start(&dir, &[]).await;
+    let c = Client::new();
+    assert_eq!(limit_of(&c, &s, "a").await.0, 200);
+    assert_eq!(limit_of(&c, &s, "a").await.0, 429);
+
+    // An editor-style save: write elsewhere, rename over.
+    std::fs::write(
+        dir.join(".r.yaml.tmp"),
+        V1.replace("requests_per_unit: 1}", "requests_per_unit: 5}"),
+    )
+    .unwrap();
+    std::fs::rename(dir.join(".r.yaml.tmp"), dir.join("r.yaml")).unwrap();
+    let started = Instant::now();
+    loop {
+        let (_, body) = limit_of(&c, &s, "probe").await;
+        if body["descriptors"][0]["limit"]["requests_per_unit"] == 5 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "new limits not applied within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // The counter of "a" survived: 1 used of the new 5.
+    assert_eq!(
+        limit_of(&c, &s, "a").await.1["descriptors"][0]["remaining"],
+        3
+    );
+
+    let errors_before = metric(&c, &s, "tollgate_config_load_error_total").await;
+    std::fs::write(dir.join("r.yaml"), "domain: r\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 9}\n").unwrap();
+    let started = Instant::now();
+    while metric(&c, &s, "tollgate_config_load_error_total").await == errors_before {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the bad file was not noticed within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (_, body) = limit_of(&c, &s, "b").await;
+    assert_eq!(
+        body["descriptors"][0]["limit"]["requests_per_unit"], 5,
+        "the old rules keep serving"
+    );
+    let rules: Value = c
+        .get(format!("{}/rules", s.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let err = rules["last_error"][0].as_str().unwrap();
+    assert!(
+        err.contains("r.yaml:4:23: unknown unit `fortnight`")
+            || err.contains("unknown unit `fortnight`"),
+        "{err}"
+    );
+
+    // POST /reload reports the same errors, and a fixed file reloads.
+    let r = c.post(format!("{}/reload", s.http)).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    std::fs::write(dir.join("r.yaml"), V1).unwrap();
+    let r: Value = c
+        .post(format!("{}/reload", s.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        r["outcome"] == "reloaded" || r["outcome"] == "unchanged",
+        "{r}"
+    );
+    let (_, body) = limit_of(&c, &s, "c").await;
+    assert_eq!(body["descriptors"][0]["limit"]["requests_per_unit"], 1);
+}
+
+#[tokio::test]
+async fn a_server_with_invalid_rules_does_not_start() {
+    let dir = tempdir("bad-start");
+    std::fs::write(
+        dir.join("r.yaml"),
+        "domain: r\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "serve",
+            "--config",
+            dir.to_str().unwrap(),
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("r.yaml:4:5: unknown key `ratelimit`"),
+        "{stderr}"
+    );
+}
