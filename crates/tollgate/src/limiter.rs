@@ -28,8 +28,10 @@
 //! ```
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use crate::clock::{Clock, Nanos, SystemClock, NANOS_PER_SEC};
 use crate::decision::{Decision, NEVER};
@@ -366,19 +368,20 @@ impl<S: Store> Limiter<S> {
 
 impl Limiter<MemoryStore> {
     /// Decides a request synchronously on the in-memory store (the in-process fast path).
+    ///
+    /// The same code as [`check`](Self::check): the memory store never waits, so its
+    /// future is ready at the first poll.
     pub fn check_now(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Error> {
-        request.validate()?;
-        let set = self.rules.current();
-        let domain = set.domain(&request.domain).map(Arc::as_ref);
-        let plan = plan(domain, request);
-        let override_keys = override_keys(&plan, request);
-        let checks = plan.checks(&override_keys);
-        let decisions = if checks.is_empty() {
-            Vec::new()
-        } else {
-            self.store.check_all(self.clock.now(), &checks)
-        };
-        Ok(self.respond(request, domain, &plan, &decisions))
+        let mut decision = std::pin::pin!(self.check(request));
+        match decision
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(result) => result,
+            Poll::Pending => Err(Error::Store(store::Error::Backend(
+                "the in-memory store waited, which it never does".into(),
+            ))),
+        }
     }
 }
 
