@@ -256,3 +256,39 @@ async fn sigterm_drains_and_exits_cleanly() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn concurrent_clients_on_one_key_get_exactly_the_limit() {
+    let dir = tempdir("exact");
+    std::fs::write(
+        dir.join("e.yaml"),
+        "domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 300, algorithm: sliding_log}\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &[]).await;
+    let c = Client::new();
+    let url = format!("{}/v1/check", s.http);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..10 {
+                    let r = c
+                        .post(&url)
+                        .json(&json!({"domain": "e", "descriptors": [{"k": "hot"}]}))
+                        .send()
+                        .await
+                        .unwrap();
+                    admitted += usize::from(r.status() == StatusCode::OK);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 300, "500 concurrent attempts, a limit of 300");
+}

@@ -240,4 +240,16 @@ mod tests {
             "`hitsAddend` must be a non-negative whole number"
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn no_body_makes_the_parser_panic(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let _ = parse(&body);
+        }
+
+        #[test]
+        fn no_json_document_makes_the_parser_panic(text in r#"\{("[a-zA-Z_]{0,12}":(\[|\{|"[^"]{0,8}"|-?[0-9]{1,20}|null|true|\]|\}|,){0,6}){0,4}\}"#) {
+            let _ = parse(text.as_bytes());
+        }
+    }
 }
