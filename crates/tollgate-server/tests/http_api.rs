@@ -172,14 +172,7 @@ async fn health_rules_and_metrics_endpoints_answer() {
         assert_eq!(r.status(), 200, "{path}");
         assert_eq!(r.text().await.unwrap(), body);
     }
-    let rules: Value = c
-        .get(format!("{}/rules", s.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules: Value = s.get_json("/rules").await;
     assert_eq!(
         rules["domains"][0],
         json!({"domain": "api", "files": [s.rules.join("api.yaml").display().to_string()], "rules": 2, "limits": 2})
@@ -192,14 +185,7 @@ async fn health_rules_and_metrics_endpoints_answer() {
         json!({"domain": "api", "descriptors": [{"user": "m"}]}),
     )
     .await;
-    let text = c
-        .get(format!("{}/metrics", s.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.get_text("/metrics").await;
     for needle in [
         "tollgate_total_hits_total{domain=\"api\",descriptor=\"user\"} 1",
         "tollgate_within_limit_total{domain=\"api\",descriptor=\"user\"} 1",
@@ -224,14 +210,7 @@ async fn metric_labels_stay_bounded_whatever_the_runtime_values() {
         )
         .await;
     }
-    let text = c
-        .get(format!("{}/metrics", s.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.get_text("/metrics").await;
     let series = text
         .lines()
         .filter(|l| l.starts_with("tollgate_total_hits_total{"))

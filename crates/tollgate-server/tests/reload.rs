@@ -25,15 +25,8 @@ async fn limit_of(c: &Client, s: &Server, user: &str) -> (u16, Value) {
     (status, r.json().await.unwrap())
 }
 
-async fn metric(c: &Client, s: &Server, name: &str) -> u64 {
-    let text = c
-        .get(format!("{}/metrics", s.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+async fn metric(s: &Server, name: &str) -> u64 {
+    let text = s.get_text("/metrics").await;
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
         .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
@@ -73,10 +66,10 @@ async fn rewritten_rules_apply_within_two_seconds_and_bad_ones_are_refused() {
         3
     );
 
-    let errors_before = metric(&c, &s, "tollgate_config_load_error_total").await;
+    let errors_before = metric(&s, "tollgate_config_load_error_total").await;
     std::fs::write(dir.join("r.yaml"), "domain: r\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 9}\n").unwrap();
     let started = Instant::now();
-    while metric(&c, &s, "tollgate_config_load_error_total").await == errors_before {
+    while metric(&s, "tollgate_config_load_error_total").await == errors_before {
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "the bad file was not noticed within 2 s"
@@ -88,14 +81,7 @@ async fn rewritten_rules_apply_within_two_seconds_and_bad_ones_are_refused() {
         body["descriptors"][0]["limit"]["requests_per_unit"], 5,
         "the old rules keep serving"
     );
-    let rules: Value = c
-        .get(format!("{}/rules", s.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules: Value = s.get_json("/rules").await;
     let err = rules["last_error"][0].as_str().unwrap();
     assert!(
         err.contains("r.yaml:4:23: unknown unit `fortnight`")

@@ -77,6 +77,26 @@ impl Server {
         panic!("tollgate serve did not become ready on {}", server.http);
     }
 
+    /// `GET path` as JSON.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        reqwest::get(format!("{}{path}", self.http))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// `GET path` as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        reqwest::get(format!("{}{path}", self.http))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         #[cfg(unix)]
