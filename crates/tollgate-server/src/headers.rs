@@ -17,19 +17,40 @@ pub struct HeaderSettings {
     pub legacy: bool,
 }
 
-/// The policy name of a status: the limit's `name`, else the rule path, else `limit<i>`.
+/// Writes the policy name of a status as a structured-field String: the limit's `name`,
+/// else the rule path, else `limit<i>`; printable ASCII only, `\\` and `"` escaped.
+fn push_policy_name(out: &mut String, i: usize, s: &DescriptorStatus) {
+    use std::fmt::Write as _;
+    out.push('"');
+    let name = s.limit.as_ref().and_then(|l| l.name.as_deref());
+    match name.or(s.metric.as_ref().map(|m| &*m.path)) {
+        Some(raw) => {
+            for c in raw.chars() {
+                match c {
+                    '"' | '\\' => {
+                        out.push('\\');
+                        out.push(c);
+                    }
+                    ' '..='~' => out.push(c),
+                    _ => {}
+                }
+            }
+        }
+        None => {
+            let _ = write!(out, "limit{i}");
+        }
+    }
+    out.push('"');
+}
+
+/// The policy name as plain text (printable ASCII), for the JSON problem body, which
+/// does its own escaping.
 fn policy_name(i: usize, s: &DescriptorStatus) -> String {
-    let named = s.limit.as_ref().and_then(|l| l.name.clone());
-    let path = s.metric.as_ref().map(|m| m.path.to_string());
-    let raw = named.or(path).unwrap_or_else(|| format!("limit{i}"));
-    // A structured-field String: printable ASCII; escape `\` and `"`, drop the rest.
-    raw.chars()
-        .filter(|c| (' '..='~').contains(c))
-        .flat_map(|c| match c {
-            '"' | '\\' => vec!['\\', c],
-            c => vec![c],
-        })
-        .collect()
+    let name = s.limit.as_ref().and_then(|l| l.name.as_deref());
+    match name.or(s.metric.as_ref().map(|m| &*m.path)) {
+        Some(raw) => raw.chars().filter(|c| (' '..='~').contains(c)).collect(),
+        None => format!("limit{i}"),
+    }
 }
 
 /// The statuses that carry a limit, with their index.
@@ -48,25 +69,27 @@ pub fn headers(
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     if settings.draft {
-        let mut policies = Vec::new();
-        let mut states = Vec::new();
+        use std::fmt::Write as _;
+        let (mut policies, mut states) = (String::with_capacity(64), String::with_capacity(64));
         for (i, s) in limited(response) {
             let Some(l) = &s.limit else { continue };
-            let name = policy_name(i, s);
-            policies.push(format!(
-                "\"{name}\";q={};w={}",
+            if !policies.is_empty() {
+                policies.push_str(", ");
+                states.push_str(", ");
+            }
+            push_policy_name(&mut policies, i, s);
+            let _ = write!(
+                policies,
+                ";q={};w={}",
                 l.requests_per_unit,
                 l.unit.seconds()
-            ));
-            states.push(format!(
-                "\"{name}\";r={};t={}",
-                s.remaining,
-                s.reset_after_secs()
-            ));
+            );
+            push_policy_name(&mut states, i, s);
+            let _ = write!(states, ";r={};t={}", s.remaining, s.reset_after_secs());
         }
         if !policies.is_empty() {
-            out.push(("RateLimit-Policy", policies.join(", ")));
-            out.push(("RateLimit", states.join(", ")));
+            out.push(("RateLimit-Policy", policies));
+            out.push(("RateLimit", states));
         }
     }
     if response.overall == Code::OverLimit {
