@@ -20,6 +20,9 @@ pub struct Decision {
     pub retry_after: Nanos,
     /// Queue mode of the leaky bucket: how long to hold the request before sending it on.
     pub delay: Nanos,
+    /// True when a store answered this rejection from its local cache of keys known to
+    /// be over their limit (see the Redis store), without asking its backend.
+    pub from_cache: bool,
 }
 
 /// [`Decision::retry_after`] of a request that can never pass: its cost exceeds what the
@@ -36,6 +39,7 @@ impl Decision {
             reset_after,
             retry_after: 0,
             delay: 0,
+            from_cache: false,
         }
     }
 
@@ -48,6 +52,7 @@ impl Decision {
             reset_after,
             retry_after,
             delay: 0,
+            from_cache: false,
         }
     }
 

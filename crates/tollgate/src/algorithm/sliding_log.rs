@@ -126,7 +126,9 @@ impl SlidingLog {
                 break;
             }
         }
-        Decision::reject(self.limit, self.limit - state.used, reset_after, retry)
+        // A limit lowered by a reload can leave more in the log than the limit.
+        let remaining = self.limit.saturating_sub(state.used);
+        Decision::reject(self.limit, remaining, reset_after, retry)
     }
 }
 

@@ -7,11 +7,17 @@
 //! [`MemoryStore`] is the embedded default; it also has a synchronous fast path for
 //! in-process callers ([`MemoryStore::check_one`]).
 
+#[cfg(feature = "redis")]
+mod blocked;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder, RedisStoreStats, TimeSource};
 
 use crate::algorithm::Limit;
 use crate::clock::Nanos;
@@ -59,6 +65,9 @@ pub enum Error {
     /// The backend answered with an error or could not be reached.
     #[error("the store failed: {0}")]
     Backend(String),
+    /// The backend failed repeatedly; calls are refused until a probe succeeds.
+    #[error("the store's circuit breaker is open after repeated failures")]
+    CircuitOpen,
 }
 
 /// Keeps per-key state and runs the algorithms on it atomically.

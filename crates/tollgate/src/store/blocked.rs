@@ -1,0 +1,140 @@
+//! The blocked-key cache: keys a remote store said are over their limit until a known
+//! instant are answered here, without a round trip, until then.
+//!
+//! A rejection's `retry_after` is the earliest the same request could pass if nobody
+//! else were charged meanwhile; other instances can only push it later. So rejecting
+//! locally until then never admits less than the store would have (for a request of
+//! the same or a larger cost). Entries are keyed by a fingerprint of the limit (its id
+//! and its numbers, so a reload that changes a limit does not keep stale entries) and
+//! the key, and the cache holds at most `capacity` entries: when full, expired entries
+//! are dropped and, if none has expired, the new entry is not cached.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::store::Check;
+
+const SHARDS: usize = 16;
+
+/// A bounded map from (limit, key) to "rejected until".
+pub(crate) struct BlockedCache {
+    shards: Box<[Mutex<HashMap<u64, Entry>>]>,
+    per_shard: usize,
+    hasher: ahash::RandomState,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    until: Nanos,
+    cost: u64,
+    reset_at: Nanos,
+    limit: u64,
+}
+
+impl BlockedCache {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+            hasher: ahash::RandomState::new(),
+        }
+    }
+
+    fn fingerprint(&self, check: &Check<'_>) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        check.limit.id().hash(&mut h);
+        check.limit.algorithm().hash(&mut h);
+        check.limit.lockout().hash(&mut h);
+        check.key.hash(&mut h);
+        h.finish()
+    }
+
+    fn shard(&self, fp: u64) -> &Mutex<HashMap<u64, Entry>> {
+        &self.shards[(fp as usize) % SHARDS]
+    }
+
+    /// The local rejection for `check` at `now`, if its key is known to be blocked.
+    pub fn lookup(&self, check: &Check<'_>, now: Nanos) -> Option<Decision> {
+        if check.shadow || check.cost == 0 {
+            return None;
+        }
+        let fp = self.fingerprint(check);
+        let mut shard = self.shard(fp).lock();
+        let e = *shard.get(&fp)?;
+        if e.until <= now {
+            shard.remove(&fp);
+            return None;
+        }
+        if check.cost < e.cost {
+            return None;
+        }
+        let mut d = Decision::reject(e.limit, 0, e.reset_at.saturating_sub(now), e.until - now);
+        d.from_cache = true;
+        Some(d)
+    }
+
+    /// Remembers a rejection the store decided at `now`.
+    pub fn remember(&self, check: &Check<'_>, d: &Decision, now: Nanos) {
+        if d.allowed || check.shadow || d.can_never_pass() || d.retry_after == 0 {
+            return;
+        }
+        let fp = self.fingerprint(check);
+        let entry = Entry {
+            until: now.saturating_add(d.retry_after),
+            cost: check.cost,
+            reset_at: now.saturating_add(d.reset_after),
+            limit: d.limit,
+        };
+        let mut shard = self.shard(fp).lock();
+        if shard.len() >= self.per_shard && !shard.contains_key(&fp) {
+            shard.retain(|_, e| e.until > now);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        shard.insert(fp, entry);
+    }
+
+    /// Entries held (live or not yet swept).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, FixedWindow, Limit};
+    use std::time::Duration;
+
+    #[test]
+    fn a_rejection_is_answered_locally_until_its_retry_time_and_the_cache_stays_bounded() {
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            1,
+            Duration::from_secs(1),
+        )))
+        .unwrap();
+        let cache = BlockedCache::new(32);
+        let check = Check::new(&limit, "k", 1);
+        let d = Decision::reject(1, 0, 500, 500);
+        cache.remember(&check, &d, 1_000);
+        let hit = cache.lookup(&check, 1_200).unwrap();
+        assert!(hit.from_cache && !hit.allowed);
+        assert_eq!(hit.retry_after, 300);
+        assert!(
+            cache.lookup(&check, 1_500).is_none(),
+            "free again at the retry time"
+        );
+        assert!(cache.lookup(&check.in_shadow(), 1_200).is_none());
+        for i in 0..10_000u32 {
+            let key = i.to_string();
+            cache.remember(&Check::new(&limit, &key, 1), &d, 1_000);
+        }
+        assert!(cache.len() <= 32);
+    }
+}

@@ -1,0 +1,18 @@
+-- GCRA (algorithm/gcra.rs): state = the exact theoretical arrival time (see
+-- bucket_state). Quantities are scaled by r = limit / gcd.
+ALG[5] = function(c, st, cost)
+  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  local r, wr = c.r, c.wr
+  local tolerance = c.burst * wr
+  local x = bucket_ahead(c, st)
+  if x < 0 then x = 0 end
+  local new = x + cost * wr
+  if new <= tolerance then
+    local nst = nil
+    if cost > 0 then nst = bucket_state(c, new) end
+    return { 1, fdiv(tolerance - new, wr), cdiv(new, r), 0, 0 }, nst
+  end
+  local room = tolerance - x
+  if room < 0 then room = 0 end
+  return { 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0 }
+end

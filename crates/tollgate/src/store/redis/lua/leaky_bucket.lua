@@ -1,0 +1,21 @@
+-- Leaky bucket, meter and queue (algorithm/leaky_bucket.rs): state = the exact
+-- instant the bucket is empty (see bucket_state). Scaled by r = limit / gcd.
+ALG[6] = function(c, st, cost)
+  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  local r, wr = c.r, c.wr
+  local capacity = c.burst * wr
+  local level = bucket_ahead(c, st)
+  if level < 0 then level = 0 end
+  local need = cost * wr
+  if level + need <= capacity then
+    local new_level = level + need
+    local nst = nil
+    if cost > 0 then nst = bucket_state(c, new_level) end
+    local delay = 0
+    if c.queue then delay = cdiv(level, r) end
+    return { 1, fdiv(capacity - new_level, wr), cdiv(new_level, r), 0, delay }, nst
+  end
+  local room = capacity - level
+  if room < 0 then room = 0 end
+  return { 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0 }
+end

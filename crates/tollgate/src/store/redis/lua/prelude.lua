@@ -1,0 +1,142 @@
+-- Tollgate Redis scripts: shared arithmetic and instants.
+--
+-- Lua numbers are doubles, exact for integers below 2^53. The caller (Rust) chooses
+-- for every check a tick (1 ns, 1 us or 1 ms) small enough that every quantity below
+-- stays under 2^52 ticks, so that these scripts decide exactly what the pure Rust
+-- algorithms decide. Instants are kept as (seconds, ticks within the second): an
+-- absolute time in nanoseconds (about 1.7e18) would not fit in a double.
+local floor = math.floor
+local NEVER = -1
+local TWO53 = 9007199254740992
+-- Set by the driver: extra milliseconds on every TTL, the charges to take back, and
+-- the sliding log's hooks (when the script includes it).
+local SLACK_MS = 0
+local UNDO = {}
+local ALG = {}
+local LOG_CHECK = nil
+local LOG_UNDO = nil
+
+-- q, r with a = q * b + r and 0 <= r < b, exact for integers a, b below 2^53.
+local function divmod(a, b)
+  local q = floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+    r = r + b
+  elseif r >= b then
+    q = q + 1
+    r = r - b
+  end
+  return q, r
+end
+
+local function fdiv(a, b)
+  local q = divmod(a, b)
+  return q
+end
+
+local function cdiv(a, b)
+  local q, r = divmod(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- The bits of a non-negative integer, least significant first.
+local function bits_of(a)
+  local bits = {}
+  while a > 0 do
+    local q, r = divmod(a, 2)
+    bits[#bits + 1] = r
+    a = q
+  end
+  return bits
+end
+
+-- (a * b) mod m, exact for m below 2^51 even when a * b is not representable.
+local function mulmod(a, b, m)
+  local _, ra = divmod(a, m)
+  local _, rb = divmod(b, m)
+  if ra * rb < TWO53 then
+    local _, r = divmod(ra * rb, m)
+    return r
+  end
+  local bits, r = bits_of(ra), 0
+  for i = #bits, 1, -1 do
+    r = r * 2
+    if r >= m then r = r - m end
+    if bits[i] == 1 then
+      r = r + rb
+      if r >= m then r = r - m end
+    end
+  end
+  return r
+end
+
+-- floor(a * b / c), exact for a, b, c below 2^51 when the result is below 2^53.
+local function muldiv(a, b, c)
+  if a * b < TWO53 then return fdiv(a * b, c) end
+  local qb, rb = divmod(b, c)
+  local q, r = a * qb, 0
+  local bits = bits_of(a)
+  for i = #bits, 1, -1 do
+    q = q * 2
+    r = r * 2
+    if r >= c then
+      r = r - c
+      q = q + 1
+    end
+    if bits[i] == 1 then
+      r = r + rb
+      if r >= c then
+        r = r - c
+        q = q + 1
+      end
+    end
+  end
+  return q
+end
+
+-- An instant minus the check's "now", in the check's ticks.
+local function since(c, s, n)
+  return (s - c.ns) * c.tps + (n - c.nn)
+end
+
+-- The instant `dt` ticks after the check's "now", as (seconds, ticks).
+local function later(c, dt)
+  local q, r = divmod(c.nn + dt, c.tps)
+  return c.ns + q, r
+end
+
+-- now mod w (ticks): where "now" falls in an epoch-aligned window of w ticks.
+local function nowmod(c, w)
+  local q, r = divmod(w, c.tps)
+  if r == 0 then
+    local _, sr = divmod(c.ns, q)
+    return sr * c.tps + c.nn
+  end
+  local _, m = divmod(mulmod(c.ns, c.tps, w) + c.nn, w)
+  return m
+end
+
+-- Milliseconds (rounded up, plus the caller's slack) until an instant: a key's TTL.
+local function ttl_ms(c, s, n)
+  local dt = since(c, s, n)
+  if dt <= 0 then return 0 end
+  return cdiv(dt, c.tpms) + SLACK_MS
+end
+
+-- The exact instant now + x / r (x, r in the check's scaled ticks) as a bucket state:
+-- {whole seconds, ticks, deficit}, the instant being ticks - deficit / r.
+local function bucket_state(c, x)
+  local whole = cdiv(x, c.r)
+  local s, n = later(c, whole)
+  return { s, n, whole * c.r - x, 0 }
+end
+
+-- The scaled distance from now to a bucket state's instant (negative when past).
+local function bucket_ahead(c, st)
+  local ahead = since(c, st[1], st[2])
+  if ahead < 0 then return ahead end
+  return ahead * c.r - st[3]
+end
+

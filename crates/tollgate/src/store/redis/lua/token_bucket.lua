@@ -1,0 +1,20 @@
+-- Token bucket (algorithm/token_bucket.rs): state = the exact instant the bucket is
+-- full again (see bucket_state). Quantities are scaled by r = limit / gcd.
+ALG[4] = function(c, st, cost)
+  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  local r, wr = c.r, c.wr
+  local capacity = c.burst * wr
+  local x = bucket_ahead(c, st)
+  if x < 0 then x = 0 end
+  local missing = x
+  if missing > capacity then missing = capacity end
+  local tokens = capacity - missing
+  local need = cost * wr
+  if need <= tokens then
+    local left = tokens - need
+    local nst = nil
+    if cost > 0 then nst = bucket_state(c, x + need) end
+    return { 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0 }, nst
+  end
+  return { 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0 }
+end

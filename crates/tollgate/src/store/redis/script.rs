@@ -1,0 +1,221 @@
+//! The Lua scripts: one per algorithm, assembled with the shared prelude and the
+//! request driver, plus the encoding of checks into `ARGV` and of replies back into
+//! [`Decision`]s.
+//!
+//! Each algorithm's Lua lives in its own file under `lua/`, mirroring its Rust file
+//! under `algorithm/`. A request whose checks all use one algorithm (the usual case)
+//! runs that algorithm's script; a request mixing algorithms runs a script holding
+//! just those, so that it stays one atomic call. Scripts are built and hashed once
+//! and called with `EVALSHA`; redis-rs loads a script again when Redis answers
+//! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+
+use std::sync::OnceLock;
+
+use redis::Script;
+
+use crate::algorithm::{Algorithm, LeakyMode, Limit};
+use crate::decision::{Decision, NEVER};
+use crate::store::Check;
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const DRIVER: &str = include_str!("lua/driver.lua");
+/// Per algorithm code (1-based): its Lua.
+const MODULES: [&str; 6] = [
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/leaky_bucket.lua"),
+];
+
+/// Fields per check in `ARGV` (see `lua/driver.lua`).
+pub(crate) const FIELDS: usize = 11;
+/// Every quantity handed to Lua stays below this, so doubles hold it exactly.
+const LUA_MAX: u64 = 1 << 51;
+
+/// The scripts, built on first use: one per set of algorithms.
+pub(crate) struct Scripts {
+    by_set: [OnceLock<Script>; 64],
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self {
+            by_set: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+}
+
+impl Scripts {
+    /// The script for the set of algorithm codes `mask` (bit `code - 1`).
+    pub fn get(&self, mask: u8) -> &Script {
+        let mask = mask & 63;
+        self.by_set[mask as usize].get_or_init(|| Script::new(&source(mask)))
+    }
+}
+
+/// The Lua source for a set of algorithms.
+pub(crate) fn source(mask: u8) -> String {
+    let mut src = String::from(PRELUDE);
+    for (i, module) in MODULES.iter().enumerate() {
+        if mask & (1 << i) != 0 {
+            src.push_str(module);
+        }
+    }
+    src.push_str(DRIVER);
+    src
+}
+
+/// One check as the scripts see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Encoded {
+    /// Algorithm code, 1 to 6 (`lua/driver.lua`).
+    pub alg: u8,
+    /// Nanoseconds per tick: 1, 1 000 or 1 000 000.
+    pub tick: u64,
+    limit: u64,
+    window: u64,
+    burst: u64,
+    r: u64,
+    wr: u64,
+    /// Lockout duration in ticks (0: none).
+    pub lockout: u64,
+    queue: bool,
+}
+
+/// Why a limit cannot be run by the scripts.
+#[derive(Debug, thiserror::Error)]
+#[error("limit {0:?} is out of the Redis scripts' exact range (window, burst x window and limit below 2^51 ticks of 1 ms)")]
+pub(crate) struct OutOfRange(pub Algorithm);
+
+impl Encoded {
+    /// Encodes a limit, choosing the finest tick (1 ns, then 1 us, then 1 ms) at which
+    /// the scripts' arithmetic is exact.
+    pub fn new(limit: &Limit) -> Result<Self, OutOfRange> {
+        let a = limit.algorithm();
+        let (alg, burst, queue) = match a {
+            Algorithm::FixedWindow(_) => (1, 0, false),
+            Algorithm::SlidingWindow(_) => (2, 0, false),
+            Algorithm::SlidingLog(_) => (3, 0, false),
+            Algorithm::TokenBucket(t) => (4, t.burst, false),
+            Algorithm::Gcra(g) => (5, g.burst, false),
+            Algorithm::LeakyBucket(l) => (6, l.burst, l.mode == LeakyMode::Queue),
+        };
+        let lockout = limit.lockout().map_or(0, |l| l.duration);
+        let value = a.limit();
+        if value >= LUA_MAX || burst >= LUA_MAX {
+            return Err(OutOfRange(*a));
+        }
+        for tick in [1, 1_000, 1_000_000] {
+            if a.window() % tick != 0 {
+                continue;
+            }
+            let window = a.window() / tick;
+            let lockout = lockout.div_ceil(tick);
+            if window >= LUA_MAX || lockout >= LUA_MAX {
+                continue;
+            }
+            let (r, wr) = if value == 0 {
+                (1, window)
+            } else {
+                let g = gcd(value, window);
+                (value / g, window / g)
+            };
+            let scaled = (2 * u128::from(burst) + 1) * u128::from(wr);
+            if matches!(alg, 4..=6) && scaled >= u128::from(LUA_MAX) {
+                continue;
+            }
+            return Ok(Self {
+                alg,
+                tick,
+                limit: value,
+                window,
+                burst,
+                r,
+                wr,
+                lockout,
+                queue,
+            });
+        }
+        Err(OutOfRange(*a))
+    }
+
+    /// Appends this check's `ARGV` fields.
+    pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u64>) {
+        args.extend_from_slice(&[
+            u64::from(self.alg),
+            self.tick,
+            self.limit,
+            self.window,
+            self.burst,
+            self.r,
+            self.wr,
+            check.cost.min(LUA_MAX),
+            u64::from(check.shadow),
+            self.lockout,
+            u64::from(self.queue),
+        ]);
+    }
+
+    /// The decision from this check's five reply integers.
+    pub fn decode(&self, limit: u64, v: &[i64]) -> Decision {
+        let ticks = |t: i64| u64::try_from(t).unwrap_or(0).saturating_mul(self.tick);
+        let remaining = u64::try_from(v[1]).unwrap_or(0);
+        let mut d = if v[0] == 1 {
+            Decision::allow(limit, remaining, ticks(v[2]))
+        } else {
+            let retry = if v[3] < 0 { NEVER } else { ticks(v[3]) };
+            Decision::reject(limit, remaining, ticks(v[2]), retry)
+        };
+        d.delay = ticks(v[4]);
+        d
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Gcra, TokenBucket};
+    use std::time::Duration;
+
+    #[test]
+    fn ticks_are_as_fine_as_exactness_allows() {
+        let day = Limit::new(Algorithm::Gcra(Gcra::new(
+            10_000,
+            Duration::from_secs(86_400),
+        )))
+        .unwrap();
+        assert_eq!(Encoded::new(&day).unwrap().tick, 1);
+        // A prime limit per hour: burst x window / gcd is too large in nanoseconds.
+        let odd = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+            99_991,
+            Duration::from_secs(3_600),
+        )))
+        .unwrap();
+        assert_eq!(Encoded::new(&odd).unwrap().tick, 1_000);
+        let year = Limit::new(Algorithm::FixedWindow(crate::algorithm::FixedWindow::new(
+            5,
+            Duration::from_secs(365 * 86_400),
+        )))
+        .unwrap();
+        assert_eq!(Encoded::new(&year).unwrap().tick, 1_000);
+    }
+
+    #[test]
+    fn every_algorithm_set_gets_its_own_script() {
+        let one = source(0b10000);
+        assert!(one.contains("ALG[5]") && !one.contains("ALG[1]"));
+        let two = source(0b10001);
+        assert!(two.contains("ALG[5]") && two.contains("ALG[1]"));
+        let s = Scripts::default();
+        assert_ne!(s.get(0b10000).get_hash(), s.get(0b10001).get_hash());
+    }
+}

@@ -1,0 +1,334 @@
+//! The Redis store against a real `redis-server` started on a free port: differential
+//! tests against the in-memory store (same random traces, identical decisions), script
+//! reloading, TTLs, the blocked-key cache, and a 3-master Redis Cluster.
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis_server::{command, RedisCluster, RedisServer};
+use tollgate::algorithm::{
+    Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
+use tollgate::decision::Decision;
+use tollgate::store::{Check, MemoryStore, RedisStore, Store, TimeSource};
+
+const T0: u64 = 1_700_000_000_123_456_789;
+const S: u64 = 1_000_000_000;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+static PREFIX: AtomicU64 = AtomicU64::new(0);
+
+/// A store on `url` taking the caller's time, with a long TTL slack (Redis must not
+/// expire keys by its own clock while the test's clock runs differently).
+fn caller_time_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
+    let prefix = format!("t{}", PREFIX.fetch_add(1, Ordering::Relaxed));
+    rt.block_on(
+        RedisStore::builder(url)
+            .prefix(prefix)
+            .time_source(TimeSource::Caller)
+            .ttl_slack(Duration::from_secs(3_600))
+            .deadline(Duration::from_secs(2))
+            .blocked_cache(0)
+            .connect(),
+    )
+    .unwrap()
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    advance: u64,
+    checks: Vec<(usize, usize, u64, bool)>,
+}
+
+fn window() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::from_secs(1)),
+        Just(Duration::from_secs(10)),
+        Just(Duration::from_secs(60)),
+        Just(Duration::from_secs(3_600)),
+        Just(Duration::from_secs(86_400)),
+        Just(Duration::from_millis(1_500)),
+        Just(Duration::from_nanos(1_234_567_891)),
+    ]
+}
+
+fn limit() -> impl Strategy<Value = Limit> {
+    (0u8..7, 0u64..12, window(), 1u64..15, any::<bool>()).prop_map(|(alg, n, w, burst, lock)| {
+        let algorithm = match alg {
+            0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
+            1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
+            2 => Algorithm::SlidingLog(SlidingLog::new(n, w)),
+            3 => Algorithm::TokenBucket(TokenBucket::new(n, w).with_burst(burst)),
+            4 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst)),
+            5 => Algorithm::LeakyBucket(LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst)),
+            _ => Algorithm::LeakyBucket(LeakyBucket::new(n, w, LeakyMode::Queue).with_burst(burst)),
+        };
+        let l = Limit::new(algorithm).unwrap();
+        if lock {
+            l.with_lockout(Duration::from_secs(5))
+        } else {
+            l
+        }
+    })
+}
+
+fn trace(limits: usize) -> impl Strategy<Value = Vec<Req>> {
+    let advance = prop_oneof![
+        Just(0u64),
+        0u64..1_000,
+        0u64..50_000_000,
+        0u64..2 * S,
+        0u64..90 * S,
+    ];
+    let check = (0..limits, 0usize..2, 0u64..4, prop::bool::weighted(0.15));
+    prop::collection::vec(
+        (advance, prop::collection::vec(check, 1..4))
+            .prop_map(|(advance, checks)| Req { advance, checks }),
+        1..40,
+    )
+}
+
+/// Runs the same trace on both stores and requires identical decisions.
+fn differential(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    limits: &[Limit],
+    reqs: &[Req],
+) -> Result<(), TestCaseError> {
+    let memory = MemoryStore::new();
+    let redis = caller_time_store(rt, url);
+    let keys = ["alice", "b{o}b:_ é"];
+    let mut now = T0;
+    for (step, r) in reqs.iter().enumerate() {
+        now += r.advance;
+        let checks: Vec<Check<'_>> = r
+            .checks
+            .iter()
+            .map(|&(l, k, cost, shadow)| Check {
+                limit: &limits[l],
+                key: keys[k].as_bytes(),
+                cost,
+                shadow,
+            })
+            .collect();
+        let expected = memory.check_all(now, &checks);
+        let got: Vec<Decision> = rt.block_on(redis.check(now, &checks)).unwrap();
+        prop_assert_eq!(
+            &got,
+            &expected,
+            "step {} at T0+{}ns, checks {:?}, limits {:?}",
+            step,
+            now - T0,
+            r.checks,
+            limits
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases: 160,
+        ..Config::default()
+    });
+    let strategy = prop::collection::vec(limit(), 1..4).prop_flat_map(|limits| {
+        let n = limits.len();
+        (Just(limits), trace(n))
+    });
+    runner
+        .run(&strategy, |(limits, reqs)| {
+            differential(&rt, &server.url(), &limits, &reqs)
+        })
+        .unwrap();
+}
+
+fn gcra(limit: u64, window: Duration) -> Limit {
+    Limit::new(Algorithm::Gcra(Gcra::new(limit, window))).unwrap()
+}
+
+#[test]
+fn scripts_are_loaded_again_after_a_script_flush_and_a_restart() {
+    let mut server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::builder(server.url()).connect())
+        .unwrap();
+    let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        100,
+        Duration::from_secs(3_600),
+    )))
+    .unwrap();
+    let one = [Check::new(&l, "k", 1)];
+    assert!(rt.block_on(store.check(0, &one)).unwrap()[0].allowed);
+    assert!(command(server.port, "SCRIPT FLUSH")
+        .unwrap()
+        .starts_with("+OK"));
+    let d = rt.block_on(store.check(0, &one)).unwrap();
+    assert_eq!((d[0].allowed, d[0].remaining), (true, 98));
+    server.restart();
+    let start = std::time::Instant::now();
+    let back = loop {
+        if let Ok(d) = rt.block_on(store.check(0, &one)) {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "Redis not used again within 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        back[0].remaining, 99,
+        "a restarted, empty Redis starts the key over"
+    );
+}
+
+#[test]
+fn every_key_gets_a_ttl_just_past_the_time_it_matters() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::builder(server.url()).prefix("ttl").connect())
+        .unwrap();
+    let fixed = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        5,
+        Duration::from_secs(60),
+    )))
+    .unwrap()
+    .with_lockout(Duration::from_secs(900));
+    let log = Limit::new(Algorithm::SlidingLog(SlidingLog::new(
+        1,
+        Duration::from_secs(10),
+    )))
+    .unwrap();
+    let checks = [Check::new(&fixed, "u", 5), Check::new(&log, "u", 1)];
+    assert!(rt
+        .block_on(store.check(0, &checks))
+        .unwrap()
+        .iter()
+        .all(|d| d.allowed));
+    assert!(
+        !rt.block_on(store.check(0, &checks[..1])).unwrap()[0].allowed,
+        "locks out"
+    );
+    let keys = command(server.port, "KEYS ttl:*").unwrap();
+    let names: Vec<&str> = keys.lines().filter(|l| l.starts_with("ttl:")).collect();
+    assert_eq!(names.len(), 4, "state, lockout, log and log meta: {keys}");
+    for name in names {
+        let ttl: i64 = command(server.port, &format!("PTTL {name}"))
+            .unwrap()
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        let bound = if name.ends_with(":l") {
+            900_002
+        } else if name.contains("{") && ttl > 10_002 {
+            60_002
+        } else {
+            10_002
+        };
+        assert!(ttl > 0 && ttl <= bound, "{name}: PTTL {ttl} ms");
+    }
+}
+
+#[test]
+fn a_hammered_blocked_key_costs_redis_almost_nothing() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::builder(server.url()).connect())
+        .unwrap();
+    let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        10,
+        Duration::from_secs(3_600),
+    )))
+    .unwrap();
+    let one = [Check::new(&l, "hammered", 1)];
+    let mut rejected = 0u64;
+    let before = server.calls("evalsha");
+    for _ in 0..10_010 {
+        let d = rt.block_on(store.check(T0, &one)).unwrap();
+        if !d[0].allowed {
+            rejected += 1;
+            assert!(d[0].retry_after > 0);
+        }
+    }
+    let calls = server.calls("evalsha") - before;
+    assert_eq!(rejected, 10_000);
+    // 10 admitted + the first rejection reach Redis; the rest are answered locally.
+    assert!(
+        calls <= 11 + rejected / 100,
+        "{calls} Redis calls for {rejected} rejections"
+    );
+    assert!(store.stats().cache_hits >= 9_900);
+}
+
+#[test]
+fn a_cluster_spreads_keys_over_its_masters_and_stays_exact() {
+    let cluster = RedisCluster::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(
+            RedisStore::builder(cluster.url())
+                .blocked_cache(0)
+                .connect(),
+        )
+        .unwrap();
+    assert!(store.is_cluster());
+    let l = gcra(5, Duration::from_secs(60));
+    let window = Limit::new(Algorithm::SlidingWindow(SlidingWindow::new(
+        3,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    for user in 0..60 {
+        let key = format!("user{user}");
+        let admitted = (0..8)
+            .filter(|_| {
+                rt.block_on(store.check(0, &[Check::new(&l, &key, 1)]))
+                    .unwrap()[0]
+                    .allowed
+            })
+            .count();
+        assert_eq!(admitted, 5, "{key}");
+    }
+    // A request spanning two slots: each slot decided in one call, all admitted.
+    let two = [Check::new(&window, "x", 1), Check::new(&window, "y", 1)];
+    for _ in 0..3 {
+        assert!(rt
+            .block_on(store.check(0, &two))
+            .unwrap()
+            .iter()
+            .all(|d| d.allowed));
+    }
+    assert!(rt
+        .block_on(store.check(0, &two))
+        .unwrap()
+        .iter()
+        .all(|d| !d.allowed));
+    for node in &cluster.nodes {
+        assert!(
+            node.dbsize() >= 5,
+            "node {} holds {} keys",
+            node.port,
+            node.dbsize()
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! Real `redis-server` processes for tests, on free loopback ports: a single Redis,
+//! or a 3-master Redis Cluster made with `redis-cli --cluster create`.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One `redis-server`, killed when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    cluster: bool,
+}
+
+/// A port that is free, and whose cluster bus port (+10000) is free too.
+pub fn free_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "`{binary}` is not installed: these tests need a real Redis \
+         (apt-get install -y redis-server redis-tools; `bash .ci/run` does this)"
+    );
+}
+
+/// Sends one inline command over a fresh connection and returns the raw reply.
+pub fn command(port: u16, line: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    s.write_all(format!("{line}\r\n").as_bytes())?;
+    let mut buf = vec![0u8; 65_536];
+    let mut out = Vec::new();
+    // Read until the reply looks complete (a short pause after data).
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                s.set_read_timeout(Some(Duration::from_millis(30)))?;
+            }
+            Err(_) if !out.is_empty() => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+impl RedisServer {
+    /// Starts a plain Redis.
+    pub fn start() -> Self {
+        Self::spawn(free_port(), false)
+    }
+
+    fn spawn(port: u16, cluster: bool) -> Self {
+        require("redis-server");
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+            cluster,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--loglevel", "warning", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes"])
+                .args([
+                    "--cluster-config-file",
+                    &format!("nodes-{}.conf", self.port),
+                ])
+                .args(["--cluster-node-timeout", "2000"]);
+        }
+        self.child = Some(cmd.spawn().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if command(self.port, "PING").is_ok_and(|r| r.starts_with("+PONG")) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL): connections drop, nothing answers.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty (scripts and keys gone).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    /// SIGSTOP / SIGCONT: the server keeps its connections but answers nothing.
+    pub fn pause(&self, paused: bool) {
+        if let Some(c) = &self.child {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill")
+                .arg(signal)
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
+    /// `INFO commandstats` calls of one command (e.g. `evalsha`).
+    pub fn calls(&self, command_name: &str) -> u64 {
+        let info = command(self.port, "INFO commandstats").unwrap_or_default();
+        let needle = format!("cmdstat_{command_name}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&needle))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Keys in this server's keyspace.
+    pub fn dbsize(&self) -> u64 {
+        let reply = command(self.port, "DBSIZE").unwrap_or_default();
+        reply.trim().trim_start_matches(':').parse().unwrap_or(0)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.pause(false);
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three masters joined into a Redis Cluster, dropped together.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        require("redis-cli");
+        let mut ports: Vec<u16> = Vec::new();
+        while ports.len() < 3 {
+            let p = free_port();
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        let nodes: Vec<RedisServer> = ports.iter().map(|&p| RedisServer::spawn(p, true)).collect();
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &nodes {
+            loop {
+                let info = command(node.port, "CLUSTER INFO").unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not become ready"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes }
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
