@@ -11,6 +11,8 @@ use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
 use tollgate::store::MemoryStore;
+
+use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
 
 use crate::cli::{LogFormat, ServeArgs};
@@ -51,10 +53,6 @@ fn init_logging(args: &ServeArgs) {
 }
 
 async fn run(args: ServeArgs) -> ExitCode {
-    if args.store != "memory" {
-        error!(store = %args.store, "unknown store: only `memory` is available so far (Redis is a later issue)");
-        return ExitCode::FAILURE;
-    }
     let options = LoadOptions {
         merge_domains: args.merge_domains,
     };
@@ -79,10 +77,26 @@ async fn run(args: ServeArgs) -> ExitCode {
     if let Err(e) = rules::reload_on_sighup(Arc::clone(&rules)) {
         warn!("cannot listen for SIGHUP: {e}");
     }
-    let store = MemoryStore::builder().max_keys(args.max_keys).build();
-    let limiter = Limiter::new(Arc::clone(&rules), store).with_settings(Settings {
-        global_shadow_mode: args.shadow_mode,
-    });
+    let options = StoreOptions {
+        max_keys: args.max_keys,
+        deadline: args.redis_deadline,
+        prefix: args.redis_prefix.clone(),
+        blocked_cache: args.blocked_cache,
+        caller_time: false,
+    };
+    let store = match AnyStore::open(&args.store, &options).await {
+        Ok(s) => s,
+        Err(e) => {
+            error!(store = %args.store, "cannot open the store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let store_name = store.name();
+    let limiter = Limiter::new(Arc::clone(&rules), store)
+        .with_fallback(MemoryStore::builder().max_keys(args.max_keys).build())
+        .with_settings(Settings {
+            global_shadow_mode: args.shadow_mode,
+        });
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
         legacy: args.legacy_headers,
@@ -139,7 +153,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = "memory", "tollgate serving");
+    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = store_name, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.drain_timeout, "draining: finishing in-flight calls");
@@ -181,7 +195,11 @@ async fn sweep(service: Arc<Service>, stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     while !*stop.borrow() {
         tick.tick().await;
-        let dropped = service.limiter.store().sweep(SystemClock.now());
+        let now = SystemClock.now();
+        let mut dropped = service.limiter.fallback().sweep(now);
+        if let Some(memory) = service.limiter.store().memory() {
+            dropped += memory.sweep(now);
+        }
         if dropped > 0 {
             tracing::debug!(dropped, "swept fresh keys");
         }

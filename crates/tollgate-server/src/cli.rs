@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the rate limit service: Envoy's gRPC rate limit API, the HTTP API, metrics
-    /// and admin endpoints, on the embedded in-memory store. Rules reload when their
+    /// and admin endpoints, on the embedded in-memory store or on Redis. Rules reload when their
     /// files change, on SIGHUP and on `POST /reload`; SIGTERM drains and exits.
     Serve(ServeArgs),
     /// Check rule files (files or directories); print every problem with its file,
@@ -41,7 +41,9 @@ pub enum Command {
     Conformance {
         /// Directory of case files (searched recursively).
         dir: PathBuf,
-        /// The store to run against: `memory` (the only one so far).
+        /// The store to run against: `memory`, `redis://host:port` or
+        /// `redis+cluster://host:port,...` (each case file gets keys of its own, and the
+        /// scripts take the cases' clock instead of Redis TIME).
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
     },
@@ -59,10 +61,22 @@ pub struct ServeArgs {
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,
-    /// Where counters live: `memory` (the embedded store; the Redis store is a later issue).
+    /// Where counters live: `memory` (embedded, per instance), `redis://host:port[/db]`
+    /// (shared by every instance on that Redis) or `redis+cluster://host:port,host:port`.
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
     pub store: String,
-    /// Most keys the in-memory store holds before evicting those nearest to fresh.
+    /// Deadline of each Redis call; past it, each rule's `failure_mode` answers.
+    #[arg(long, env = "TOLLGATE_REDIS_DEADLINE", default_value = "20ms", value_parser = parse_duration)]
+    pub redis_deadline: Duration,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
+    pub redis_prefix: String,
+    /// Keys over their limit are answered locally until their retry time, up to this
+    /// many keys (0 turns the blocked-key cache off).
+    #[arg(long, env = "TOLLGATE_BLOCKED_CACHE", default_value_t = 100_000)]
+    pub blocked_cache: usize,
+    /// Most keys the in-memory store (and the local fallback store used while Redis is
+    /// down) holds before evicting those nearest to fresh.
     #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 10_000_000)]
     pub max_keys: usize,
     /// Global shadow mode: report every status, but always answer OK overall.

@@ -12,7 +12,35 @@ use tollgate::limiter::{
     Code, Descriptor, LimitOverride, Limiter, RateLimitRequest, RateLimitResponse,
 };
 use tollgate::rules::{from_str, Rules, Unit};
-use tollgate::store::MemoryStore;
+
+use crate::store::{AnyStore, StoreOptions};
+
+/// The runtime the cases run on (the Redis store is async).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"))
+    })
+}
+
+/// Store options for a case file: the case's clock, and keys no other run shares.
+fn options(_store: &str) -> StoreOptions {
+    static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    StoreOptions {
+        max_keys: 1_000_000,
+        deadline: std::time::Duration::from_secs(5),
+        prefix: format!("tollgate-conformance:{}:{nanos:x}:{n}", std::process::id()),
+        blocked_cache: 0,
+        caller_time: true,
+    }
+}
 
 /// The outcome of one case file.
 #[derive(Debug)]
@@ -24,7 +52,7 @@ pub struct FileResult {
 }
 
 /// Runs every `*.yaml` case file in `dir` (and its subdirectories), in name order.
-pub fn run_dir(dir: &Path) -> Result<Vec<FileResult>, String> {
+pub fn run_dir(dir: &Path, store: &str) -> Result<Vec<FileResult>, String> {
     let mut files = Vec::new();
     collect(dir, &mut files).map_err(|e| format!("{}: {e}", dir.display()))?;
     if files.is_empty() {
@@ -35,7 +63,7 @@ pub fn run_dir(dir: &Path) -> Result<Vec<FileResult>, String> {
         .into_iter()
         .map(|file| {
             let failures = match std::fs::read_to_string(&file) {
-                Ok(text) => run_case(&text),
+                Ok(text) => run_case(&text, store),
                 Err(e) => vec![format!("cannot read: {e}")],
             };
             FileResult { file, failures }
@@ -56,7 +84,7 @@ fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 /// Runs one case file's text; returns its failures.
-pub fn run_case(text: &str) -> Vec<String> {
+pub fn run_case(text: &str, store: &str) -> Vec<String> {
     let case = match marked_yaml::parse_yaml(0, text) {
         Ok(Node::Mapping(m)) => m,
         Ok(_) => return vec!["the case file is not a mapping".into()],
@@ -77,8 +105,12 @@ pub fn run_case(text: &str) -> Vec<String> {
         .and_then(|s| s.as_str().parse::<u64>().ok())
         .unwrap_or(0);
     let clock = ManualClock::new(start * NANOS_PER_SEC);
-    let limiter = Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new())
-        .with_clock(Arc::new(clock.clone()));
+    let store = match runtime().block_on(AnyStore::open(store, &options(store))) {
+        Ok(s) => s,
+        Err(e) => return vec![format!("cannot open the store: {e}")],
+    };
+    let limiter =
+        Limiter::new(Arc::new(Rules::fixed(set)), store).with_clock(Arc::new(clock.clone()));
     let mut failures = Vec::new();
     let steps = case
         .get_sequence("steps")
@@ -116,7 +148,7 @@ pub fn run_case(text: &str) -> Vec<String> {
             } else {
                 format!("step {}", i + 1)
             };
-            match limiter.check_now(&request) {
+            match runtime().block_on(limiter.check(&request)) {
                 Ok(response) => {
                     if let Some(expect) = step.get_mapping("expect") {
                         failures.extend(
@@ -320,11 +352,11 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
 
 /// Runs `dir` against `store` and prints the report; returns whether every file passed.
 pub fn report(dir: &Path, store: &str) -> bool {
-    if store != "memory" {
-        eprintln!("unknown store `{store}`: only `memory` is available so far");
+    if let Err(e) = runtime().block_on(AnyStore::open(store, &options(store))) {
+        eprintln!("cannot open the store `{store}`: {e}");
         return false;
     }
-    let results = match run_dir(dir) {
+    let results = match run_dir(dir, store) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{e}");

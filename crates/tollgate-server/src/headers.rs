@@ -181,6 +181,8 @@ mod tests {
                 domain: "d".into(),
                 path: "user".into(),
             }),
+            from_cache: false,
+            failure_mode: None,
         }
     }
 
@@ -188,6 +190,7 @@ mod tests {
     fn every_limited_descriptor_gets_a_list_item_named_by_its_rule() {
         let r = RateLimitResponse {
             overall: Code::OverLimit,
+            store_failure: None,
             statuses: vec![
                 status(Some("per_user"), Code::Ok, 4, 30, 0),
                 status(None, Code::OverLimit, 0, 50, 50),
@@ -223,6 +226,7 @@ mod tests {
     fn names_are_escaped_as_structured_field_strings() {
         let r = RateLimitResponse {
             overall: Code::Ok,
+            store_failure: None,
             statuses: vec![status(Some("a\"b\\c\u{e9}"), Code::Ok, 1, 1, 0)],
         };
         let h = headers(

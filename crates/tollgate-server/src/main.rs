@@ -8,6 +8,7 @@ mod grpc;
 mod headers;
 mod metrics;
 mod service;
+mod store;
 mod validate;
 
 use std::process::ExitCode;

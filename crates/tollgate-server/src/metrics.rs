@@ -11,7 +11,11 @@
 //! | `tollgate_decision_duration_seconds` | | histogram of the time to decide a request |
 //! | `tollgate_config_load_success_total`, `tollgate_config_load_error_total` | | rule set loads |
 //! | `tollgate_store_keys`, `tollgate_store_evictions_total` | | in-memory store size and evictions |
-//! | `tollgate_invalid_requests_total` | | requests refused as malformed | Label sets are capped so that no traffic can grow them without
+//! | `tollgate_invalid_requests_total` | | requests refused as malformed |
+//! | `tollgate_over_limit_with_local_cache_total` | domain, descriptor | hits rejected by the blocked-key cache, without a Redis call |
+//! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
+//! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
+//! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open | Label sets are capped so that no traffic can grow them without
 //! bound: past [`MAX_RULE_SERIES`] distinct (domain, path) pairs (only possible with
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
@@ -31,6 +35,8 @@ use tollgate::limiter::{Code, RateLimitRequest, RateLimitResponse};
 use tollgate::rules::Rules;
 use tollgate::store::MemoryStore;
 
+use crate::store::AnyStore;
+
 /// Distinct (domain, path) label pairs kept before new ones go to `_overflow`.
 pub const MAX_RULE_SERIES: usize = 10_000;
 
@@ -38,6 +44,18 @@ pub const MAX_RULE_SERIES: usize = 10_000;
 struct RuleLabels {
     domain: String,
     descriptor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FallbackLabels {
+    domain: String,
+    descriptor: String,
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
 }
 
 /// Every metric the service exports.
@@ -54,6 +72,12 @@ pub struct Metrics {
     store_keys: Gauge,
     store_evictions: Counter,
     invalid_requests: Counter,
+    local_cache: Family<RuleLabels, Counter>,
+    store_errors: Family<KindLabels, Counter>,
+    fallbacks: Family<FallbackLabels, Counter>,
+    redis_calls: Counter,
+    circuit_opened: Counter,
+    circuit_open: Gauge,
     seen: RwLock<HashSet<(Arc<str>, Arc<str>)>>,
     near_limit_ratio: f64,
 }
@@ -74,6 +98,38 @@ impl Metrics {
         let store_keys = Gauge::default();
         let store_evictions = Counter::default();
         let invalid_requests = Counter::default();
+        let local_cache = Family::<RuleLabels, Counter>::default();
+        let store_errors = Family::<KindLabels, Counter>::default();
+        let fallbacks = Family::<FallbackLabels, Counter>::default();
+        let redis_calls = Counter::default();
+        let circuit_opened = Counter::default();
+        let circuit_open = Gauge::default();
+        registry.register(
+            "over_limit_with_local_cache",
+            "Hits rejected by the blocked-key cache without a store call",
+            local_cache.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Requests the store failed to decide (timeout, error, circuit_open)",
+            store_errors.clone(),
+        );
+        registry.register(
+            "store_fallbacks",
+            "Hits decided by the rule's failure_mode because the store failed",
+            fallbacks.clone(),
+        );
+        registry.register("redis_calls", "Redis script calls", redis_calls.clone());
+        registry.register(
+            "redis_circuit_opened",
+            "Times the Redis circuit breaker opened",
+            circuit_opened.clone(),
+        );
+        registry.register(
+            "redis_circuit_open",
+            "1 while the Redis circuit breaker is open",
+            circuit_open.clone(),
+        );
         registry.register(
             "total_hits",
             "Hits (request cost) matched to a rule",
@@ -138,6 +194,12 @@ impl Metrics {
             store_keys,
             store_evictions,
             invalid_requests,
+            local_cache,
+            store_errors,
+            fallbacks,
+            redis_calls,
+            circuit_opened,
+            circuit_open,
             seen: RwLock::new(HashSet::new()),
             near_limit_ratio,
         }
@@ -146,6 +208,9 @@ impl Metrics {
     /// Records one decided request and how long it took.
     pub fn record(&self, request: &RateLimitRequest, response: &RateLimitResponse, seconds: f64) {
         self.decision_seconds.observe(seconds);
+        if let Some(kind) = response.store_failure {
+            self.store_errors.get_or_create(&KindLabels { kind }).inc();
+        }
         let default_cost = request.hits_addend.max(1);
         for (d, s) in request.descriptors.iter().zip(&response.statuses) {
             let (Some(metric), Some(limit)) = (&s.metric, &s.limit) else {
@@ -154,6 +219,17 @@ impl Metrics {
             let hits = d.hits_addend.unwrap_or(default_cost);
             let labels = self.labels(&metric.domain, &metric.path);
             self.total_hits.get_or_create(&labels).inc_by(hits);
+            if let Some(mode) = s.failure_mode {
+                let fallback = FallbackLabels {
+                    domain: labels.domain.clone(),
+                    descriptor: labels.descriptor.clone(),
+                    mode: mode.name(),
+                };
+                self.fallbacks.get_or_create(&fallback).inc_by(hits);
+            }
+            if s.from_cache && s.code == Code::OverLimit {
+                self.local_cache.get_or_create(&labels).inc_by(hits);
+            }
             if s.would_reject {
                 self.shadow_mode.get_or_create(&labels).inc_by(hits);
             } else if s.code == Code::OverLimit {
@@ -198,7 +274,7 @@ impl Metrics {
     }
 
     /// The exposition text, with the rule-load and store figures brought up to date.
-    pub fn render(&self, rules: &Rules, store: &MemoryStore) -> String {
+    pub fn render(&self, rules: &Rules, store: &AnyStore, fallback: &MemoryStore) -> String {
         let sync = |c: &Counter, total: u64| {
             let now = c.get();
             if total > now {
@@ -207,7 +283,13 @@ impl Metrics {
         };
         sync(&self.config_load_success, rules.load_successes());
         sync(&self.config_load_error, rules.load_failures());
-        let stats = store.stats();
+        let stats = store.memory().unwrap_or(fallback).stats();
+        if let Some(redis) = store.redis() {
+            let r = redis.stats();
+            sync(&self.redis_calls, r.calls);
+            sync(&self.circuit_opened, r.circuit_opened);
+            self.circuit_open.set(i64::from(r.open_now));
+        }
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
         sync(&self.store_evictions, stats.evictions);

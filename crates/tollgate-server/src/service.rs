@@ -5,15 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
-use tollgate::store::MemoryStore;
 
 use crate::headers::HeaderSettings;
 use crate::metrics::Metrics;
+use crate::store::AnyStore;
 
 /// The state behind every listener.
 pub struct Service {
     /// Rules + store → decisions.
-    pub limiter: Limiter<MemoryStore>,
+    pub limiter: Limiter<AnyStore>,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// Which rate limit headers to add.
@@ -23,7 +23,7 @@ pub struct Service {
 
 impl Service {
     /// A service over `limiter`; not ready until [`set_ready`](Self::set_ready).
-    pub fn new(limiter: Limiter<MemoryStore>, metrics: Metrics, headers: HeaderSettings) -> Self {
+    pub fn new(limiter: Limiter<AnyStore>, metrics: Metrics, headers: HeaderSettings) -> Self {
         Self {
             limiter,
             metrics,

@@ -35,7 +35,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::clock::{Clock, Nanos, SystemClock, NANOS_PER_SEC};
 use crate::decision::{Decision, NEVER};
-use crate::rules::{Domain, Rule, RuleLimit, Rules, Unit};
+use crate::rules::{Domain, FailureMode, Rule, RuleLimit, Rules, Unit};
 use crate::store::{self, Check, MemoryStore, Store};
 
 /// A request: a domain and descriptors, each a list of (key, value) entries.
@@ -85,6 +85,9 @@ pub struct RateLimitResponse {
     pub overall: Code,
     /// One status per request descriptor, in request order.
     pub statuses: Vec<DescriptorStatus>,
+    /// The store's failure, when it failed and the failure modes decided instead:
+    /// `timeout`, `error` or `circuit_open`.
+    pub store_failure: Option<&'static str>,
 }
 
 /// The limit reported for a descriptor.
@@ -133,6 +136,10 @@ pub struct DescriptorStatus {
     pub would_reject: bool,
     /// Metric identity, `None` when no rule matched.
     pub metric: Option<MetricKey>,
+    /// Rejected by the store's local cache of blocked keys, without a round trip.
+    pub from_cache: bool,
+    /// Set when the store failed and this status comes from the rule's failure mode.
+    pub failure_mode: Option<FailureMode>,
 }
 
 impl DescriptorStatus {
@@ -148,6 +155,8 @@ impl DescriptorStatus {
             shadow: false,
             would_reject: false,
             metric: None,
+            from_cache: false,
+            failure_mode: None,
         }
     }
 
@@ -187,6 +196,8 @@ pub struct Limiter<S = MemoryStore> {
     store: S,
     clock: Arc<dyn Clock>,
     settings: Settings,
+    fallback: MemoryStore,
+    failures: FailureLog,
 }
 
 impl RateLimitRequest {
@@ -246,6 +257,16 @@ struct Plan<'r> {
     runs: Vec<Run<'r>>,
 }
 
+impl Plan<'_> {
+    /// A run's failure mode: its rule's, or the domain's for a request's own limit.
+    fn mode(&self, run: &Run<'_>, domain: Option<&Domain>) -> FailureMode {
+        match &self.matched[run.descriptor] {
+            Some((rule, _)) => rule.failure_mode,
+            None => domain.map(|d| d.failure_mode).unwrap_or_default(),
+        }
+    }
+}
+
 /// One limit to run for one descriptor.
 struct Run<'r> {
     descriptor: usize,
@@ -279,7 +300,21 @@ impl<S: Store> Limiter<S> {
             store,
             clock: Arc::new(SystemClock),
             settings: Settings::default(),
+            fallback: MemoryStore::new(),
+            failures: FailureLog::default(),
         }
+    }
+
+    /// The in-memory store that decides `local_fallback` limits while the store fails
+    /// (a default one otherwise; give one with a `max_keys` bound for production).
+    pub fn with_fallback(mut self, fallback: MemoryStore) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// The local fallback store (to sweep it, or read its size).
+    pub fn fallback(&self) -> &MemoryStore {
+        &self.fallback
     }
 
     /// Uses `clock` for `now` (a [`ManualClock`](crate::clock::ManualClock) in tests).
@@ -312,12 +347,61 @@ impl<S: Store> Limiter<S> {
         let plan = plan(domain, request);
         let override_keys = override_keys(&plan, request);
         let checks = plan.checks(&override_keys);
-        let decisions = if checks.is_empty() {
-            Vec::new()
-        } else {
-            self.store.check(self.clock.now(), &checks).await?
-        };
-        Ok(self.respond(request, domain, &plan, &decisions))
+        if checks.is_empty() {
+            return Ok(self.respond(request, domain, &plan, &[], None));
+        }
+        let now = self.clock.now();
+        match self.store.check(now, &checks).await {
+            Ok(decisions) => Ok(self.respond(request, domain, &plan, &decisions, None)),
+            Err(e) => {
+                self.failures.record(&e);
+                let decisions = self.fail(now, domain, &plan, &checks);
+                let mut response = self.respond(request, domain, &plan, &decisions, Some(domain));
+                response.store_failure = Some(e.kind());
+                Ok(response)
+            }
+        }
+    }
+
+    /// Decisions by each check's failure mode, when the store failed.
+    fn fail(
+        &self,
+        now: Nanos,
+        domain: Option<&Domain>,
+        plan: &Plan<'_>,
+        checks: &[Check<'_>],
+    ) -> Vec<Decision> {
+        let modes: Vec<FailureMode> = plan.runs.iter().map(|r| plan.mode(r, domain)).collect();
+        let closed = modes
+            .iter()
+            .zip(checks)
+            .any(|(m, c)| *m == FailureMode::FailClosed && !c.shadow);
+        // The fallback store decides the local_fallback checks together (all or
+        // nothing among them); if a fail_closed check rejects the request anyway,
+        // they are only looked at.
+        let local: Vec<usize> = (0..checks.len())
+            .filter(|&i| matches!(modes[i], FailureMode::LocalFallback { .. }))
+            .collect();
+        let local_checks: Vec<Check<'_>> = local
+            .iter()
+            .map(|&i| Check {
+                limit: &plan.runs[i].limit.fallback,
+                cost: if closed { 0 } else { checks[i].cost },
+                ..checks[i]
+            })
+            .collect();
+        let mut local_decisions = self.fallback.check_all(now, &local_checks).into_iter();
+        modes
+            .iter()
+            .zip(checks)
+            .map(|(mode, c)| match mode {
+                FailureMode::FailOpen => Decision::allow(c.limit.limit(), c.limit.limit(), 0),
+                FailureMode::FailClosed => Decision::reject(c.limit.limit(), 0, 0, NANOS_PER_SEC),
+                FailureMode::LocalFallback { .. } => local_decisions
+                    .next()
+                    .unwrap_or_else(|| Decision::allow(c.limit.limit(), c.limit.limit(), 0)),
+            })
+            .collect()
     }
 
     fn respond(
@@ -326,6 +410,7 @@ impl<S: Store> Limiter<S> {
         domain: Option<&Domain>,
         plan: &Plan<'_>,
         decisions: &[Decision],
+        failed: Option<Option<&Domain>>,
     ) -> RateLimitResponse {
         // Per descriptor: the limit that rejected, else the one with the least remaining.
         let mut chosen: Vec<Option<(&Run<'_>, Decision)>> = vec![None; request.descriptors.len()];
@@ -349,7 +434,13 @@ impl<S: Store> Limiter<S> {
                 let entries = &request.descriptors[i].entries;
                 let rule = plan.matched[i].as_ref().map(|m| m.0);
                 match choice {
-                    Some((run, d)) => decided_status(run, &d, rule, entries, domain),
+                    Some((run, d)) => {
+                        let mut status = decided_status(run, &d, rule, entries, domain);
+                        if let Some(domain) = failed {
+                            status.failure_mode = Some(plan.mode(run, domain));
+                        }
+                        status
+                    }
                     None => static_status(domain, rule, entries),
                 }
             })
@@ -362,6 +453,36 @@ impl<S: Store> Limiter<S> {
                 Code::Ok
             },
             statuses,
+            store_failure: None,
+        }
+    }
+}
+
+/// Logs store failures without flooding: the first at once, then at most one line
+/// per ten seconds with the number of failures in between.
+#[derive(Default)]
+struct FailureLog {
+    last: std::sync::atomic::AtomicU64,
+    quiet: std::sync::atomic::AtomicU64,
+}
+
+impl FailureLog {
+    const EVERY: u64 = 10 * NANOS_PER_SEC;
+
+    fn record(&self, e: &store::Error) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = crate::clock::SystemClock.now();
+        let last = self.last.load(Relaxed);
+        if now.saturating_sub(last) >= Self::EVERY
+            && self
+                .last
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.quiet.swap(0, Relaxed);
+            tracing::warn!(error = %e, suppressed, "the store failed; answering by each rule's failure_mode");
+        } else {
+            self.quiet.fetch_add(1, Relaxed);
         }
     }
 }
@@ -454,6 +575,8 @@ fn decided_status(
         over_soft_limit: d.allowed && overage > 0 && d.remaining < overage,
         shadow: run.shadow,
         would_reject: run.shadow && !d.allowed,
+        from_cache: d.from_cache,
+        failure_mode: None,
         metric: match (domain, rule) {
             (Some(dom), Some(rule)) => Some(metric_key(dom, rule, entries)),
             (Some(dom), None) => Some(MetricKey {
@@ -543,7 +666,7 @@ fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<R
         d.entries.iter().map(|e| &e.0).collect::<Vec<_>>(),
     )
         .hash(&mut h);
-    RuleLimit::fixed_window(o.requests_per_unit, o.unit, h.finish())
+    RuleLimit::fixed_window(o.requests_per_unit, o.unit, h.finish(), domain.failure_mode)
 }
 
 /// The counter key: the runtime values, each length-prefixed (so no value can be

@@ -332,3 +332,82 @@ fn a_cluster_spreads_keys_over_its_masters_and_stays_exact() {
         );
     }
 }
+
+mod failure_modes {
+    use super::*;
+    use std::sync::Arc;
+    use tollgate::clock::ManualClock;
+    use tollgate::limiter::{Code, Limiter, RateLimitRequest};
+    use tollgate::rules::{from_str, FailureMode, Rules};
+
+    /// A Redis URL where nothing listens: every call fails with "connection refused".
+    fn nowhere() -> String {
+        format!("redis://127.0.0.1:{}", redis_server::free_port())
+    }
+
+    const RULES: &str = "domain: d
+failure_mode: local_fallback
+local_fallback_divisor: 2
+descriptors:
+  - key: open
+    failure_mode: fail_open
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: closed
+    failure_mode: fail_closed
+    rate_limit: {unit: hour, requests_per_unit: 100}
+    descriptors:
+      - key: nested
+        rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 6, algorithm: gcra}
+";
+
+    #[test]
+    fn each_rule_answers_by_its_own_mode_when_redis_is_unreachable() {
+        let set = from_str("d.yaml", RULES).unwrap();
+        let rt = runtime();
+        let store = rt
+            .block_on(
+                RedisStore::builder(nowhere())
+                    .deadline(Duration::from_millis(50))
+                    .connect(),
+            )
+            .unwrap();
+        let limiter = Limiter::new(Arc::new(Rules::fixed(set)), store)
+            .with_clock(Arc::new(ManualClock::new(T0)));
+        let ask = |k: &str| {
+            rt.block_on(limiter.check(&RateLimitRequest::new("d", [vec![(k, "x")]])))
+                .unwrap()
+        };
+
+        for _ in 0..3 {
+            let open = ask("open");
+            assert_eq!(
+                open.overall,
+                Code::Ok,
+                "fail_open admits past the limit of 1"
+            );
+            assert!(open.store_failure.is_some());
+            assert_eq!(open.statuses[0].failure_mode, Some(FailureMode::FailOpen));
+            let closed = ask("closed");
+            assert_eq!(closed.overall, Code::OverLimit);
+            assert_eq!(closed.statuses[0].retry_after_secs(), Some(1));
+        }
+        // Nested descriptors inherit their parent's mode.
+        let nested = rt
+            .block_on(limiter.check(&RateLimitRequest::new(
+                "d",
+                [vec![("closed", "x"), ("nested", "y")]],
+            )))
+            .unwrap();
+        assert_eq!(nested.overall, Code::OverLimit);
+        // The domain's local_fallback: 6 per hour divided by 2 instances.
+        let admitted = (0..10).filter(|_| ask("local").overall == Code::Ok).count();
+        assert_eq!(admitted, 3);
+        assert!(limiter.store().stats().errors + limiter.store().stats().circuit_open >= 10);
+        assert!(
+            limiter.store().stats().circuit_opened >= 1,
+            "the breaker opened"
+        );
+    }
+}

@@ -44,9 +44,22 @@ mod errors {
     use super::errors;
 
     #[test]
+    fn a_failure_mode_must_be_known_and_a_divisor_needs_local_fallback() {
+        let e = errors("domain: d\nfailure_mode: fail_sometimes\ndescriptors:\n  - key: k\n    local_fallback_divisor: 3\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: j\n    failure_mode: local_fallback\n    local_fallback_divisor: 0\n");
+        assert_eq!(
+            e,
+            [
+                "2:15: unknown failure_mode `fail_sometimes` (expected fail_open, fail_closed or local_fallback)",
+                "5:29: `local_fallback_divisor` needs `failure_mode: local_fallback` beside it",
+                "9:29: `local_fallback_divisor` must be at least 1",
+            ]
+        );
+    }
+
+    #[test]
     fn an_unknown_key_is_named_with_its_place() {
         let e = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 1}\n");
-        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors)"]);
+        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor)"]);
     }
 
     #[test]

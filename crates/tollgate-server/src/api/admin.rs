@@ -69,9 +69,11 @@ pub(super) async fn reload(State(service): State<Arc<Service>>) -> Response {
 
 /// Prometheus exposition (OpenMetrics text).
 pub(super) async fn metrics(State(service): State<Arc<Service>>) -> Response {
-    let body = service
-        .metrics
-        .render(service.limiter.rules(), service.limiter.store());
+    let body = service.metrics.render(
+        service.limiter.rules(),
+        service.limiter.store(),
+        service.limiter.fallback(),
+    );
     (
         [(
             header::CONTENT_TYPE,

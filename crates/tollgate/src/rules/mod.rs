@@ -42,6 +42,7 @@
 //! with `share_threshold`, where every matching value shares one counter.
 
 mod error;
+mod failure;
 mod load;
 mod reload;
 mod tree;
@@ -51,6 +52,7 @@ mod watch;
 mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use failure::FailureMode;
 pub use load::{from_str, load, LoadOptions};
 pub use reload::{summary, ReloadOutcome, Rules};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};

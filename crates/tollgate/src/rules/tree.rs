@@ -51,6 +51,8 @@ pub struct Domain {
     pub name: Arc<str>,
     /// The files that define it (more than one only when merging is on).
     pub files: Vec<String>,
+    /// The domain's failure mode (top-level `failure_mode`), for limits that match no rule.
+    pub failure_mode: super::FailureMode,
     pub(crate) rules: Vec<Rule>,
     pub(crate) root: Level,
 }
@@ -84,6 +86,8 @@ pub struct Rule {
     pub share_threshold: bool,
     /// Accepted for compatibility; see the module documentation.
     pub quota_mode: bool,
+    /// What its limits answer when the store fails (own, inherited, or the domain's).
+    pub failure_mode: super::FailureMode,
     pub(crate) parent: Option<RuleId>,
     pub(crate) children: Level,
 }
@@ -103,7 +107,11 @@ pub struct RuleLimit {
     pub overage_percent: u64,
     /// What the store runs: the algorithm with the overage added, the lockout, the id.
     pub limit: Limit,
+    /// What the in-memory store runs in its place under `failure_mode: local_fallback`:
+    /// the same limit with its numbers divided by the divisor.
+    pub fallback: Limit,
     pub(crate) spec: super::yaml::LimitSpec,
+    pub(crate) divisor: u64,
 }
 
 impl RuleLimit {
@@ -114,17 +122,31 @@ impl RuleLimit {
             .spec
             .build(requests_per_unit, unit, self.limit.id())
             .ok()?;
+        let fallback = self
+            .spec
+            .build_divided(requests_per_unit, unit, self.limit.id(), self.divisor)
+            .ok()?;
         Some(RuleLimit {
             requests_per_unit,
             unit,
             limit,
+            fallback,
             ..self.clone()
         })
     }
 
     /// A plain epoch-aligned fixed window with counter identity `id`.
-    pub(crate) fn fixed_window(requests_per_unit: u64, unit: Unit, id: u64) -> Option<RuleLimit> {
+    pub(crate) fn fixed_window(
+        requests_per_unit: u64,
+        unit: Unit,
+        id: u64,
+        failure_mode: super::FailureMode,
+    ) -> Option<RuleLimit> {
         let spec = super::yaml::LimitSpec::default();
+        let divisor = match failure_mode {
+            super::FailureMode::LocalFallback { divisor } => divisor,
+            _ => 1,
+        };
         Some(RuleLimit {
             name: None,
             requests_per_unit,
@@ -132,7 +154,11 @@ impl RuleLimit {
             replaces: Vec::new(),
             overage_percent: 0,
             limit: spec.build(requests_per_unit, unit, id).ok()?,
+            fallback: spec
+                .build_divided(requests_per_unit, unit, id, divisor)
+                .ok()?,
             spec,
+            divisor,
         })
     }
 

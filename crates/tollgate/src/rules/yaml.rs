@@ -10,7 +10,7 @@ use marked_yaml::{LoaderOptions, Node, Span};
 
 use super::error::ConfigError;
 use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
-use super::Unit;
+use super::{FailureMode, Unit};
 use crate::algorithm::{
     Algorithm, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit, SlidingLog,
     SlidingWindow, TokenBucket,
@@ -67,7 +67,27 @@ impl LimitSpec {
         unit: Unit,
         id: u64,
     ) -> Result<Limit, InvalidLimit> {
-        let grow = |n: u64| n.saturating_add(n.saturating_mul(self.overage_percent) / 100);
+        self.build_divided(requests_per_unit, unit, id, 1)
+    }
+
+    /// [`build`](Self::build) with the numbers (limit and burst) divided by `divisor`,
+    /// keeping at least 1 of a non-zero number: one instance's share of the limit.
+    pub(crate) fn build_divided(
+        &self,
+        requests_per_unit: u64,
+        unit: Unit,
+        id: u64,
+        divisor: u64,
+    ) -> Result<Limit, InvalidLimit> {
+        let divisor = divisor.max(1);
+        let grow = |n: u64| {
+            let n = n.saturating_add(n.saturating_mul(self.overage_percent) / 100);
+            if n == 0 {
+                0
+            } else {
+                (n / divisor).max(1)
+            }
+        };
         let n = grow(requests_per_unit);
         let burst = grow(self.burst.unwrap_or(requests_per_unit));
         let w = Duration::from_secs(unit.seconds());
@@ -175,7 +195,18 @@ impl<'a> Reader<'a> {
             );
             return None;
         };
-        self.check_keys(top, &["domain", "descriptors", "http"], "the top level");
+        self.check_keys(
+            top,
+            &[
+                "domain",
+                "descriptors",
+                "http",
+                "failure_mode",
+                "local_fallback_divisor",
+            ],
+            "the top level",
+        );
+        let failure = self.failure_mode(top);
         let domain = match top
             .get_scalar("domain")
             .map(|s| s.as_str().trim().to_string())
@@ -206,6 +237,7 @@ impl<'a> Reader<'a> {
             name: domain?,
             file: self.file.to_string(),
             span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
+            failure,
             descriptors,
         })
     }
@@ -291,9 +323,12 @@ impl<'a> Reader<'a> {
                 "quota_mode",
                 "metadata",
                 "descriptors",
+                "failure_mode",
+                "local_fallback_divisor",
             ],
             "a descriptor",
         );
+        let failure = self.failure_mode(map);
         let key = match map.get_node("key") {
             None => {
                 self.error(&Self::start(map), "a descriptor needs a `key`");
@@ -382,8 +417,60 @@ impl<'a> Reader<'a> {
             value_to_metric,
             share_threshold,
             quota_mode,
+            failure,
             children,
         })
+    }
+
+    /// `failure_mode` (and `local_fallback_divisor`) of a domain or descriptor.
+    fn failure_mode(&mut self, map: &MarkedMappingNode) -> Option<FailureMode> {
+        let divisor = match map.get_node("local_fallback_divisor") {
+            None => None,
+            Some(_) => match self.number(map, "local_fallback_divisor", 1_000_000) {
+                Some(0) => {
+                    let span = map
+                        .get_node("local_fallback_divisor")
+                        .map_or(*map.span(), |n| *n.span());
+                    self.error(&span, "`local_fallback_divisor` must be at least 1");
+                    None
+                }
+                other => other,
+            },
+        };
+        let node = map.get_node("failure_mode");
+        let mode = match node
+            .and_then(|n| n.as_scalar())
+            .map(MarkedScalarNode::as_str)
+        {
+            None => None,
+            Some("fail_open") => Some(FailureMode::FailOpen),
+            Some("fail_closed") => Some(FailureMode::FailClosed),
+            Some("local_fallback") => Some(FailureMode::LocalFallback {
+                divisor: divisor.unwrap_or(1),
+            }),
+            Some(other) => {
+                let span = node.map_or(*map.span(), |n| *n.span());
+                self.error(&span, format!("unknown failure_mode `{other}` (expected fail_open, fail_closed or local_fallback)"));
+                return None;
+            }
+        };
+        if node.is_some() && mode.is_none() {
+            let span = node.map_or(*map.span(), |n| *n.span());
+            self.error(
+                &span,
+                "`failure_mode` must be fail_open, fail_closed or local_fallback",
+            );
+        }
+        if divisor.is_some() && !matches!(mode, Some(FailureMode::LocalFallback { .. })) {
+            let span = map
+                .get_node("local_fallback_divisor")
+                .map_or(*map.span(), |n| *n.span());
+            self.error(
+                &span,
+                "`local_fallback_divisor` needs `failure_mode: local_fallback` beside it",
+            );
+        }
+        mode
     }
 
     fn bool_field(&mut self, map: &MarkedMappingNode, name: &str) -> Option<bool> {
@@ -601,6 +688,7 @@ pub(crate) struct DraftDomain {
     pub(crate) name: String,
     pub(crate) file: String,
     pub(crate) span: Span,
+    pub(crate) failure: Option<FailureMode>,
     pub(crate) descriptors: Vec<DraftRule>,
 }
 
@@ -630,6 +718,7 @@ pub(crate) struct DraftRule {
     value_to_metric: bool,
     share_threshold: bool,
     quota_mode: bool,
+    failure: Option<FailureMode>,
     children: Vec<DraftRule>,
 }
 
@@ -662,9 +751,11 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         replaces: Vec::new(),
     };
     let mut root = Level::default();
+    let failure_mode = drafts.iter().find_map(|d| d.failure).unwrap_or_default();
     for draft in drafts {
         let file = draft.file;
-        c.level(&file, &mut root, draft.descriptors, None, "");
+        let inherited = draft.failure.unwrap_or_default();
+        c.level(&file, &mut root, draft.descriptors, None, "", inherited);
     }
     let Compiler {
         rules,
@@ -687,6 +778,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
     Some(Domain {
         name: name.into(),
         files,
+        failure_mode,
         rules,
         root,
     })
@@ -708,8 +800,14 @@ impl Compiler<'_> {
         drafts: Vec<DraftRule>,
         parent: Option<RuleId>,
         path: &str,
+        inherited: FailureMode,
     ) {
         for d in drafts {
+            let failure_mode = d.failure.unwrap_or(inherited);
+            let divisor = match failure_mode {
+                FailureMode::LocalFallback { divisor } => divisor,
+                _ => 1,
+            };
             let segment = match &d.value {
                 Some(v) => format!("{}_{}", d.key, v),
                 None => d.key.clone(),
@@ -758,15 +856,26 @@ impl Compiler<'_> {
                     self.replaces.push((file.to_string(), name.clone(), *span));
                 }
                 let id = counter_id(self.domain, &stat_path, index, l.spec);
-                match l.spec.build(l.requests_per_unit, l.unit, id) {
-                    Ok(limit) => limits.push(RuleLimit {
+                let built = l
+                    .spec
+                    .build(l.requests_per_unit, l.unit, id)
+                    .and_then(|limit| {
+                        let fallback =
+                            l.spec
+                                .build_divided(l.requests_per_unit, l.unit, id, divisor)?;
+                        Ok((limit, fallback))
+                    });
+                match built {
+                    Ok((limit, fallback)) => limits.push(RuleLimit {
                         name: l.name,
                         requests_per_unit: l.requests_per_unit,
                         unit: l.unit,
                         replaces: l.replaces.into_iter().map(|r| r.0).collect(),
                         overage_percent: l.spec.overage_percent,
                         limit,
+                        fallback,
                         spec: l.spec,
+                        divisor,
                     }),
                     Err(e) => {
                         let (line, column) =
@@ -794,11 +903,19 @@ impl Compiler<'_> {
                 value_to_metric: d.value_to_metric,
                 share_threshold: d.share_threshold,
                 quota_mode: d.quota_mode,
+                failure_mode,
                 parent,
                 children: Level::default(),
             });
             let mut children = Level::default();
-            self.level(file, &mut children, d.children, Some(id), &stat_path);
+            self.level(
+                file,
+                &mut children,
+                d.children,
+                Some(id),
+                &stat_path,
+                failure_mode,
+            );
             self.rules[id].children = children;
         }
     }

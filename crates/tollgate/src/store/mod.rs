@@ -70,6 +70,17 @@ pub enum Error {
     CircuitOpen,
 }
 
+impl Error {
+    /// A short, fixed name for metrics: `timeout`, `error` or `circuit_open`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Timeout(_) => "timeout",
+            Error::Backend(_) => "error",
+            Error::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
 /// Keeps per-key state and runs the algorithms on it atomically.
 pub trait Store: Send + Sync {
     /// Decides every check of one request at `now`, atomically: either every check not

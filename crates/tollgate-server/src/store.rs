@@ -1,0 +1,94 @@
+//! [`AnyStore`]: the store `--store` selects, behind one type the limiter runs on.
+
+use std::time::Duration;
+
+use tollgate::clock::Nanos;
+use tollgate::decision::Decision;
+use tollgate::store::{self, Check, MemoryStore, RedisStore, Store, TimeSource};
+
+/// `memory`, or a Redis / Redis Cluster store.
+pub enum AnyStore {
+    /// The embedded in-memory store.
+    Memory(MemoryStore),
+    /// Redis (`redis://`) or Redis Cluster (`redis+cluster://`).
+    Redis(Box<RedisStore>),
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Key cap of the in-memory store (and of the local fallback store).
+    pub max_keys: usize,
+    /// Deadline of each Redis call.
+    pub deadline: Duration,
+    /// Redis key prefix.
+    pub prefix: String,
+    /// Blocked-key cache capacity (0: off).
+    pub blocked_cache: usize,
+    /// Take time from the caller (conformance runs with a manual clock) instead of Redis.
+    pub caller_time: bool,
+}
+
+impl AnyStore {
+    /// Opens `spec`: `memory`, `redis://host:port`, or `redis+cluster://h1:p1,h2:p2`.
+    pub async fn open(spec: &str, options: &StoreOptions) -> Result<Self, String> {
+        if spec == "memory" {
+            return Ok(Self::Memory(
+                MemoryStore::builder().max_keys(options.max_keys).build(),
+            ));
+        }
+        if !spec.starts_with("redis") {
+            return Err(format!(
+                "unknown store `{spec}` (expected memory, redis://host:port or redis+cluster://host:port,host:port)"
+            ));
+        }
+        let mut builder = RedisStore::builder(spec)
+            .deadline(options.deadline)
+            .prefix(options.prefix.clone())
+            .blocked_cache(options.blocked_cache);
+        if options.caller_time {
+            builder = builder
+                .time_source(TimeSource::Caller)
+                .ttl_slack(Duration::from_secs(3_600));
+        }
+        builder
+            .connect()
+            .await
+            .map(|s| Self::Redis(Box::new(s)))
+            .map_err(|e| e.to_string())
+    }
+
+    /// `memory`, `redis` or `redis-cluster`, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AnyStore::Memory(_) => "memory",
+            AnyStore::Redis(r) if r.is_cluster() => "redis-cluster",
+            AnyStore::Redis(_) => "redis",
+        }
+    }
+
+    /// The in-memory store, when that is the store.
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(m) => Some(m),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store, when that is the store.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(r) => Some(r),
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, store::Error> {
+        match self {
+            AnyStore::Memory(m) => Ok(m.check_all(now, checks)),
+            AnyStore::Redis(r) => r.check(now, checks).await,
+        }
+    }
+}
