@@ -47,6 +47,14 @@ pub enum Command {
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
     },
+    /// Print the Lua script the Redis store runs for requests using these algorithms
+    /// (fixed_window, sliding_window, sliding_log, token_bucket, gcra, leaky_bucket),
+    /// to review it or pre-load it with `redis-cli SCRIPT LOAD`.
+    RedisScript {
+        /// Algorithm names, as in rule files.
+        #[arg(required = true)]
+        algorithms: Vec<String>,
+    },
 }
 
 /// Settings of `tollgate serve`; every flag also reads a `TOLLGATE_*` variable.

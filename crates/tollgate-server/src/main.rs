@@ -29,6 +29,19 @@ fn main() -> ExitCode {
             merge_domains,
         }) => exit(validate::run(&paths, LoadOptions { merge_domains })),
         Some(Command::Conformance { dir, store }) => exit(conformance::report(&dir, &store)),
+        Some(Command::RedisScript { algorithms }) => {
+            let names: Vec<&str> = algorithms.iter().map(String::as_str).collect();
+            match tollgate::store::script_source(&names) {
+                Ok(source) => {
+                    print!("{source}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 

@@ -124,3 +124,34 @@ fn the_example_rule_files_are_valid() {
         text(&out.stdout)
     );
 }
+
+#[test]
+fn redis_script_prints_the_lua_of_the_named_algorithms() {
+    let out = tollgate(&["redis-script", "gcra", "fixed_window"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lua = text(&out.stdout);
+    assert!(lua.contains("ALG[5] = function") && lua.contains("ALG[1] = function"));
+    assert!(
+        !lua.contains("ALG[2] = function"),
+        "only the named algorithms"
+    );
+    let bad = tollgate(&["redis-script", "magic"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("unknown algorithm `magic`"));
+}
+
+#[test]
+fn conformance_names_a_store_it_cannot_open() {
+    let out = tollgate(&[
+        "conformance",
+        shared_cases().to_str().unwrap(),
+        "--store",
+        "postgres://x",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("unknown store `postgres://x`"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -147,13 +147,84 @@ fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
         cases: 160,
         ..Config::default()
     });
-    let strategy = prop::collection::vec(limit(), 1..4).prop_flat_map(|limits| {
+    // Limits the scripts compute at 1 ns (every window up to a day with burst x
+    // window / gcd(limit, window) below 2^51); coarser ticks are the next test's.
+    let exact = limit().prop_filter("computed at 1 ns", |l| RedisStore::tick_for(l) == Some(1));
+    let strategy = prop::collection::vec(exact, 1..4).prop_flat_map(|limits| {
         let n = limits.len();
         (Just(limits), trace(n))
     });
     runner
         .run(&strategy, |(limits, reqs)| {
             differential(&rt, &server.url(), &limits, &reqs)
+        })
+        .unwrap();
+}
+
+/// Limits too large for 1 ns ticks (a month or a year, or an odd limit per hour with a
+/// big burst): on traces at whole microseconds, the scripts admit exactly what the
+/// in-memory store admits, and round durations up to their tick.
+#[test]
+fn coarse_ticks_admit_the_same_and_round_durations_up_to_the_tick() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let coarse = (0u8..4, 1u64..50, 0usize..4).prop_map(|(alg, n, w)| {
+        let w = [
+            Duration::from_secs(30 * 86_400),
+            Duration::from_secs(365 * 86_400),
+            Duration::from_secs(86_400),
+            Duration::from_secs(3_600),
+        ][w];
+        let n = if w.as_secs() <= 86_400 { 99_991 + n } else { n };
+        let a = match alg {
+            0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
+            1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
+            2 => Algorithm::TokenBucket(TokenBucket::new(n, w)),
+            _ => Algorithm::Gcra(Gcra::new(n, w)),
+        };
+        Limit::new(a).unwrap()
+    });
+    let coarse = coarse.prop_filter("coarser than 1 ns", |l| {
+        RedisStore::tick_for(l).is_some_and(|t| t > 1)
+    });
+    let steps = prop::collection::vec((0u64..10_000_000, 0u64..3), 1..40);
+    runner
+        .run(&(coarse, steps), |(limit, steps)| {
+            let tick = RedisStore::tick_for(&limit).unwrap();
+            let memory = MemoryStore::new();
+            let redis = caller_time_store(&rt, &server.url());
+            let mut now = T0 - T0 % tick;
+            for (advance_us, cost) in steps {
+                now += advance_us * 1_000 * (limit.window() / 1_000_000_000_000).max(1);
+                now -= now % tick;
+                let checks = [Check::new(&limit, "k", cost)];
+                let want = memory.check_all(now, &checks)[0];
+                let got = rt.block_on(redis.check(now, &checks)).unwrap()[0];
+                prop_assert_eq!(
+                    (got.allowed, got.remaining),
+                    (want.allowed, want.remaining),
+                    "{:?}",
+                    limit
+                );
+                for (g, w) in [
+                    (got.reset_after, want.reset_after),
+                    (got.retry_after, want.retry_after),
+                ] {
+                    prop_assert!(
+                        g >= w && g - w < tick || g == w,
+                        "{} vs {} at tick {} ({:?})",
+                        g,
+                        w,
+                        tick,
+                        limit
+                    );
+                }
+            }
+            Ok(())
         })
         .unwrap();
 }
@@ -410,4 +481,59 @@ descriptors:
             "the breaker opened"
         );
     }
+}
+
+#[test]
+fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = std::sync::Arc::new(
+        rt.block_on(
+            RedisStore::builder(server.url())
+                .blocked_cache(0)
+                .deadline(Duration::from_secs(5))
+                .connect(),
+        )
+        .unwrap(),
+    );
+    let hour = Duration::from_secs(3_600);
+    let tight = Limit::new(Algorithm::FixedWindow(FixedWindow::new(100, hour))).unwrap();
+    let loose = Limit::new(Algorithm::SlidingLog(SlidingLog::new(150, hour))).unwrap();
+    let admitted = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..300 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let checks = [
+                    Check::new(&tight, "shared", 1),
+                    Check::new(&loose, "other", 1),
+                ];
+                let d = store.check(0, &checks).await.unwrap();
+                assert_eq!(d[0].allowed && d[1].allowed, d[0].allowed, "{d:?}");
+                d[0].allowed
+            }));
+        }
+        let mut n = 0;
+        for t in tasks {
+            n += usize::from(t.await.unwrap());
+        }
+        n
+    });
+    assert_eq!(admitted, 100);
+    let peek = rt
+        .block_on(store.check(0, &[Check::new(&loose, "other", 0)]))
+        .unwrap();
+    assert_eq!(
+        peek[0].remaining, 50,
+        "only the admitted requests charged the second limit"
+    );
+    assert!(
+        store.stats().calls < 300,
+        "{} script calls for 300 requests",
+        store.stats().calls
+    );
 }

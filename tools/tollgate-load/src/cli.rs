@@ -68,6 +68,26 @@ pub enum Mode {
         #[command(flatten)]
         common: CommonArgs,
     },
+    /// Redis's ceiling for Tollgate's script: the exact `EVALSHA` a Redis store sends
+    /// for a lone request (one fixed_window check, a limit never reached, Redis TIME),
+    /// over `--concurrency` connections with one call in flight each, like
+    /// `redis-benchmark -c N` (which cannot send the script's binary argument).
+    Redis {
+        /// The Redis URL.
+        #[arg(
+            long,
+            env = "TOLLGATE_LOAD_REDIS",
+            default_value = "redis://127.0.0.1:6379"
+        )]
+        url: String,
+        /// Number of distinct keys, cycled in order.
+        #[arg(long, env = "TOLLGATE_LOAD_KEYS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        keys: u64,
+        /// Flags shared by every mode.
+        #[command(flatten)]
+        common: CommonArgs,
+    },
     /// Plain `GET` of any URL (e.g. to benchmark a proxy or an upstream).
     ///
     /// 2xx counts as OK, 429 as over limit, 5xx and transport failures as errors,

@@ -9,6 +9,7 @@ mod cpu;
 mod engine;
 mod grpc;
 mod http;
+mod redis;
 mod report;
 
 use std::io::IsTerminal as _;
@@ -46,9 +47,10 @@ impl Mode {
     /// The flags shared by every mode.
     fn common(&self) -> &CommonArgs {
         match self {
-            Mode::Grpc { common, .. } | Mode::Check { common, .. } | Mode::Http { common, .. } => {
-                common
-            }
+            Mode::Grpc { common, .. }
+            | Mode::Check { common, .. }
+            | Mode::Http { common, .. }
+            | Mode::Redis { common, .. } => common,
         }
     }
 }
@@ -70,6 +72,12 @@ async fn run(mode: Mode) -> Result<ExitCode, String> {
         Mode::Check { url, keys, common } => {
             let info = run_info("check", url.clone(), Some(keys.keys), &common);
             let target = http::CheckTarget::new(&url, keys, common.concurrency, common.timeout)?;
+            drive(target, info, &common).await
+        }
+        Mode::Redis { url, keys, common } => {
+            let info = run_info("redis", url.clone(), Some(keys), &common);
+            let target =
+                redis::RedisTarget::connect(&url, common.concurrency, keys, common.timeout).await?;
             drive(target, info, &common).await
         }
         Mode::Http { url, common } => {

@@ -17,7 +17,9 @@ use std::future::Future;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder, RedisStoreStats, TimeSource};
+pub use redis::{
+    script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, ScriptCall, TimeSource,
+};
 
 use crate::algorithm::Limit;
 use crate::clock::Nanos;

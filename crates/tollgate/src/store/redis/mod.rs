@@ -2,11 +2,17 @@
 //! Redis Cluster, decided atomically by Lua scripts that mirror the pure algorithms.
 //!
 //! ## One round trip, all or nothing
-//! A request's checks go to Redis in one `EVALSHA` (see [`script`](self) and
+//! A request's checks go to Redis in one `EVALSHA` (see `script.rs` and
 //! `lua/driver.lua`): every check is decided in order, and if one not in shadow mode is
 //! rejected, every charge the request made is taken back before the script returns,
 //! exactly as [`MemoryStore`](super::MemoryStore) does. Redis runs a script alone, so
 //! concurrent requests from any number of instances never lose an update.
+//!
+//! On a single Redis, concurrent requests share script calls: a batcher task sends
+//! every request waiting when its call in flight returns (up to 128 per call),
+//! and the script decides them one after another, each all or nothing on its own. A
+//! lone request goes at once; under load the script's fixed cost, Redis's system calls
+//! and ours are shared by the batch.
 //!
 //! ## Time
 //! By default the script reads Redis `TIME`, so instances whose clocks disagree still
@@ -28,8 +34,8 @@
 //!
 //! ## Redis Cluster
 //! The hash tag is the descriptor's escaped runtime key, so one descriptor's limits
-//! share a slot and are decided in one script call. A request spanning several slots
-//! is sent as one call per slot (concurrently): each call is all-or-nothing, but a
+//! share a slot and are decided in one script call (not batched with other requests).
+//! A request spanning several slots is sent as one call per slot (concurrently): each call is all-or-nothing, but a
 //! request rejected in one slot keeps what it was charged in another (stricter, never
 //! looser).
 //!
@@ -52,7 +58,10 @@ mod keys;
 mod script;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -63,7 +72,7 @@ use crate::clock::{Nanos, NANOS_PER_SEC};
 use crate::decision::Decision;
 use breaker::Breaker;
 use keys::KeyNames;
-use script::{Encoded, Scripts, FIELDS};
+use script::{pack, Encoded, Scripts, CHECK_BYTES};
 
 /// Where the scripts take "now" from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -86,6 +95,7 @@ pub struct RedisStoreBuilder {
     breaker_threshold: u32,
     breaker_cooldown: Duration,
     blocked_cache: usize,
+    in_flight: usize,
 }
 
 /// Counters kept by a [`RedisStore`].
@@ -109,19 +119,26 @@ pub struct RedisStoreStats {
 
 /// A [`Store`] in Redis or Redis Cluster. See the module documentation.
 pub struct RedisStore {
-    conn: Connection,
+    shared: Arc<Shared>,
+    /// The batcher's queue (single Redis only).
+    queue: Option<mpsc::Sender<Job>>,
     prefix: String,
     deadline: Duration,
     time: TimeSource,
-    slack_ms: u64,
     breaker: Breaker,
     cache: Option<BlockedCache>,
-    scripts: Scripts,
-    calls: AtomicU64,
     errors: AtomicU64,
     timeouts: AtomicU64,
     refused: AtomicU64,
     cache_hits: AtomicU64,
+}
+
+/// What the batcher and direct calls share.
+struct Shared {
+    conn: Connection,
+    scripts: Scripts,
+    slack_ms: u64,
+    calls: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -129,6 +146,28 @@ enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
+
+/// One request's part of a script call: its packed `ARGV` argument and its `KEYS`.
+struct Request {
+    mask: u8,
+    args: Vec<u8>,
+    keys: Vec<String>,
+    checks: usize,
+}
+
+/// A request waiting in the batcher's queue.
+struct Job {
+    request: Request,
+    reply: oneshot::Sender<Result<Vec<i64>, Error>>,
+}
+
+/// Most requests in one script call.
+const MAX_BATCH: usize = 128;
+/// Script calls in flight at once on a single Redis connection, by default: one (the
+/// requests arriving meanwhile form the next batch), which measured best on loopback.
+const IN_FLIGHT: usize = 1;
+/// Requests that may wait for the batcher; beyond, a request fails at once.
+const QUEUE: usize = 65_536;
 
 impl RedisStoreBuilder {
     /// Key prefix (default `tollgate`).
@@ -170,6 +209,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Script calls in flight at once on a single Redis (default 1): requests that
+    /// arrive while they run are batched into the next call. More can help when Redis
+    /// is far away (a long round trip); on loopback one measured best.
+    pub fn in_flight(mut self, calls: usize) -> Self {
+        self.in_flight = calls.max(1);
+        self
+    }
+
     /// Connects. A single Redis connects lazily (the store works, failing per the
     /// failure policy, until Redis is reachable); a cluster needs one reachable node to
     /// learn its topology.
@@ -197,22 +244,64 @@ impl RedisStoreBuilder {
                 Connection::Cluster(conn)
             }
         };
-        Ok(RedisStore {
+        let shared = Arc::new(Shared {
             conn,
+            scripts: Scripts::default(),
+            slack_ms: u64::try_from(self.ttl_slack.as_millis()).unwrap_or(u64::MAX),
+            calls: AtomicU64::new(0),
+        });
+        let queue = match shared.conn {
+            Connection::Single(_) => {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(batcher(rx, Arc::clone(&shared), self.in_flight));
+                Some(tx)
+            }
+            Connection::Cluster(_) => None,
+        };
+        Ok(RedisStore {
+            shared,
+            queue,
             prefix: self.prefix,
             deadline: self.deadline,
             time: self.time,
-            slack_ms: u64::try_from(self.ttl_slack.as_millis()).unwrap_or(u64::MAX),
             breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
             cache: (self.blocked_cache > 0).then(|| BlockedCache::new(self.blocked_cache)),
-            scripts: Scripts::default(),
-            calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
         })
     }
+}
+
+/// The Lua source of the script a request using these algorithms runs (names as in
+/// rule files: `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`,
+/// `leaky_bucket`), to review it or to pre-load it with `SCRIPT LOAD`.
+pub fn script_source(algorithms: &[&str]) -> Result<String, String> {
+    const NAMES: [&str; 6] = [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ];
+    let mut mask = 0u8;
+    for name in algorithms {
+        match NAMES.iter().position(|n| n == name) {
+            Some(i) => mask |= 1 << i,
+            None => {
+                return Err(format!(
+                    "unknown algorithm `{name}` (expected one of: {})",
+                    NAMES.join(", ")
+                ))
+            }
+        }
+    }
+    if mask == 0 {
+        return Err("name at least one algorithm".into());
+    }
+    Ok(script::source(mask))
 }
 
 enum Target {
@@ -255,13 +344,23 @@ impl RedisStore {
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_millis(250),
             blocked_cache: 100_000,
+            in_flight: IN_FLIGHT,
         }
+    }
+
+    /// The time step, in nanoseconds, at which the scripts compute `limit`: 1 when they
+    /// decide exactly as the in-memory store, 1 000 or 1 000 000 for limits whose
+    /// numbers would not fit a double at 1 ns (then "now" is truncated to the step and
+    /// durations are rounded up to it); `None` when no step fits (the store refuses the
+    /// limit).
+    pub fn tick_for(limit: &crate::algorithm::Limit) -> Option<u64> {
+        Encoded::new(limit).ok().map(|e| e.tick)
     }
 
     /// The store's counters.
     pub fn stats(&self) -> RedisStoreStats {
         RedisStoreStats {
-            calls: self.calls.load(Ordering::Relaxed),
+            calls: self.shared.calls.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             circuit_open: self.refused.load(Ordering::Relaxed),
@@ -273,7 +372,7 @@ impl RedisStore {
 
     /// True for a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Connection::Cluster(_))
+        matches!(self.shared.conn, Connection::Cluster(_))
     }
 
     async fn decide(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
@@ -290,27 +389,39 @@ impl RedisStore {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Error::CircuitOpen);
         }
-        let calls = groups
-            .iter()
-            .map(|group| self.call(now, checks, &encoded, &names, group));
-        let replies = futures_util::future::join_all(calls).await;
+        let replies = if let [group] = groups.as_slice() {
+            vec![
+                self.send(request(self.time, now, checks, &encoded, &names, group))
+                    .await,
+            ]
+        } else {
+            let calls = groups.iter().map(|group| {
+                let request = request(self.time, now, checks, &encoded, &names, group);
+                self.send(request)
+            });
+            futures_util::future::join_all(calls).await
+        };
         let mut decisions = vec![Decision::default(); checks.len()];
         for (group, reply) in groups.iter().zip(replies) {
             let values = match reply {
-                Ok(v) => v,
+                Ok(v) if v.len() == group.len() * 5 => v,
+                Ok(v) => {
+                    self.breaker.failure();
+                    return Err(Error::Backend(format!(
+                        "the script answered {} values for {} checks",
+                        v.len(),
+                        group.len()
+                    )));
+                }
                 Err(e) => {
                     self.breaker.failure();
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    if matches!(e, Error::Timeout(_)) {
+                        self.timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
                     return Err(e);
                 }
             };
-            if values.len() != group.len() * 5 {
-                self.breaker.failure();
-                return Err(Error::Backend(format!(
-                    "the script answered {} values for {} checks",
-                    values.len(),
-                    group.len()
-                )));
-            }
             for (&i, v) in group.iter().zip(values.chunks_exact(5)) {
                 decisions[i] = encoded[i].decode(checks[i].limit.limit(), v);
             }
@@ -334,52 +445,177 @@ impl RedisStore {
         groups.into_iter().map(|g| g.1).collect()
     }
 
-    async fn call(
-        &self,
-        now: Nanos,
-        checks: &[Check<'_>],
-        encoded: &[Encoded],
-        names: &[KeyNames],
-        group: &[usize],
-    ) -> Result<Vec<i64>, Error> {
-        let mask = group
-            .iter()
-            .fold(0u8, |m, &i| m | 1 << (encoded[i].alg - 1));
-        let mut invocation = self.scripts.get(mask).prepare_invoke();
-        match self.time {
-            TimeSource::Redis => invocation.arg("").arg(""),
-            TimeSource::Caller => invocation.arg(now / NANOS_PER_SEC).arg(now % NANOS_PER_SEC),
-        };
-        invocation.arg(self.slack_ms).arg(group.len());
-        let mut args = Vec::with_capacity(group.len() * FIELDS);
-        for &i in group {
-            let (e, n) = (&encoded[i], &names[i]);
-            e.push_args(&checks[i], &mut args);
-            invocation.key(&n.state);
-            if e.alg == 3 {
-                invocation.key(n.meta());
+    /// Sends one request: through the batcher (single Redis) or in a call of its own
+    /// (cluster), within the deadline.
+    async fn send(&self, request: Request) -> Result<Vec<i64>, Error> {
+        let answer = async {
+            match &self.queue {
+                Some(queue) => {
+                    let (reply, answer) = oneshot::channel();
+                    queue
+                        .try_send(Job { request, reply })
+                        .map_err(|_| Error::Backend("too many requests wait for Redis".into()))?;
+                    answer
+                        .await
+                        .map_err(|_| Error::Backend("the Redis batcher stopped".into()))?
+                }
+                None => invoke(&self.shared, std::slice::from_ref(&request)).await,
             }
-            if e.lockout > 0 {
-                invocation.key(n.lockout());
+        };
+        tokio::time::timeout(self.deadline, answer)
+            .await
+            .map_err(|_| Error::Timeout(self.deadline))?
+    }
+}
+
+/// The packed `ARGV` argument and the `KEYS` of one group of checks.
+fn request(
+    time: TimeSource,
+    now: Nanos,
+    checks: &[Check<'_>],
+    encoded: &[Encoded],
+    names: &[KeyNames],
+    group: &[usize],
+) -> Request {
+    let mut args = Vec::with_capacity(32 + group.len() * CHECK_BYTES);
+    let count = group.len() as u64;
+    match time {
+        TimeSource::Redis => pack(&mut args, &[0, 0, 0, count]),
+        TimeSource::Caller => pack(
+            &mut args,
+            &[1, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
+        ),
+    }
+    let mut keys = Vec::with_capacity(group.len());
+    let mut mask = 0u8;
+    for &i in group {
+        let (e, n) = (&encoded[i], &names[i]);
+        mask |= 1 << (e.alg - 1);
+        e.push_args(&checks[i], &mut args);
+        keys.push(n.state.clone());
+        if e.alg == 3 {
+            keys.push(n.meta());
+        }
+        if e.lockout > 0 {
+            keys.push(n.lockout());
+        }
+    }
+    Request {
+        mask,
+        args,
+        keys,
+        checks: group.len(),
+    }
+}
+
+/// The exact script call a [`RedisStore`] makes for a request alone in its batch: the
+/// script's source, its `KEYS` and its `ARGV`. For load tools that measure Redis's
+/// ceiling on the very same call, and for debugging.
+#[derive(Debug, Clone)]
+pub struct ScriptCall {
+    /// The Lua source (its SHA1 is what `EVALSHA` names).
+    pub source: String,
+    /// `KEYS`.
+    pub keys: Vec<String>,
+    /// `ARGV`: TTL slack in ms, the number of requests (1), the packed request.
+    pub args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    /// The call for `checks` under `prefix`, with Redis `TIME` and a 1 ms TTL slack.
+    pub fn new(prefix: &str, checks: &[Check<'_>]) -> Result<Self, Error> {
+        let mut encoded = Vec::with_capacity(checks.len());
+        for c in checks {
+            encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+        }
+        let names: Vec<KeyNames> = checks
+            .iter()
+            .map(|c| KeyNames::new(prefix, c.limit.id(), c.key))
+            .collect();
+        let all: Vec<usize> = (0..checks.len()).collect();
+        let r = request(TimeSource::Redis, 0, checks, &encoded, &names, &all);
+        Ok(Self {
+            source: script::source(r.mask),
+            keys: r.keys,
+            args: vec![b"1".to_vec(), b"1".to_vec(), r.args],
+        })
+    }
+}
+
+/// Runs script calls for the queued requests: each call takes every request waiting
+/// (up to [`MAX_BATCH`]) when one of its in-flight slots is free, so batches
+/// grow with the load and a lone request never waits for company.
+async fn batcher(mut queue: mpsc::Receiver<Job>, shared: Arc<Shared>, in_flight: usize) {
+    let slots = Arc::new(Semaphore::new(in_flight.max(1)));
+    while let Some(first) = queue.recv().await {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
             }
         }
-        invocation.arg(args);
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let mut conn = self.conn.clone();
-        let result = tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn)).await;
-        match result {
-            Ok(Ok(values)) => Ok(values),
-            Ok(Err(e)) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                Err(Error::Backend(e.to_string()))
+        if in_flight <= 1 {
+            // One call at a time: make it here, without a task of its own.
+            run_batch(&shared, jobs).await;
+            drop(slot);
+            continue;
+        }
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            run_batch(&shared, jobs).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One script call for a batch; every job gets its share of the answer (or the error).
+async fn run_batch(shared: &Shared, jobs: Vec<Job>) {
+    let requests: Vec<&Request> = jobs.iter().map(|j| &j.request).collect();
+    match invoke_all(shared, &requests).await {
+        Ok(values) => {
+            let mut rest = values.as_slice();
+            for job in jobs {
+                let n = (job.request.checks * 5).min(rest.len());
+                let (mine, others) = rest.split_at(n);
+                rest = others;
+                let _ = job.reply.send(Ok(mine.to_vec()));
             }
-            Err(_) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                self.timeouts.fetch_add(1, Ordering::Relaxed);
-                Err(Error::Timeout(self.deadline))
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::Backend(e.to_string())));
             }
         }
     }
+}
+
+/// One script call for one request.
+async fn invoke(shared: &Shared, requests: &[Request]) -> Result<Vec<i64>, Error> {
+    let refs: Vec<&Request> = requests.iter().collect();
+    invoke_all(shared, &refs).await
+}
+
+/// One script call deciding `requests` in order.
+async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, Error> {
+    let mask = requests.iter().fold(0, |m, r| m | r.mask);
+    let mut invocation = shared.scripts.get(mask).prepare_invoke();
+    invocation.arg(shared.slack_ms).arg(requests.len());
+    for r in requests {
+        invocation.arg(&r.args);
+        for k in &r.keys {
+            invocation.key(k);
+        }
+    }
+    shared.calls.fetch_add(1, Ordering::Relaxed);
+    let mut conn = shared.conn.clone();
+    invocation
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| Error::Backend(e.to_string()))
 }
 
 impl Store for RedisStore {

@@ -29,8 +29,8 @@ const MODULES: [&str; 6] = [
     include_str!("lua/leaky_bucket.lua"),
 ];
 
-/// Fields per check in `ARGV` (see `lua/driver.lua`).
-pub(crate) const FIELDS: usize = 11;
+/// Bytes per check in a request's packed argument (11 doubles; see `lua/driver.lua`).
+pub(crate) const CHECK_BYTES: usize = 11 * 8;
 /// Every quantity handed to Lua stays below this, so doubles hold it exactly.
 const LUA_MAX: u64 = 1 << 51;
 
@@ -141,21 +141,24 @@ impl Encoded {
         Err(OutOfRange(*a))
     }
 
-    /// Appends this check's `ARGV` fields.
-    pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u64>) {
-        args.extend_from_slice(&[
-            u64::from(self.alg),
-            self.tick,
-            self.limit,
-            self.window,
-            self.burst,
-            self.r,
-            self.wr,
-            check.cost.min(LUA_MAX),
-            u64::from(check.shadow),
-            self.lockout,
-            u64::from(self.queue),
-        ]);
+    /// Appends this check's fields to its request's packed argument.
+    pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u8>) {
+        pack(
+            args,
+            &[
+                u64::from(self.alg),
+                self.tick,
+                self.limit,
+                self.window,
+                self.burst,
+                self.r,
+                self.wr,
+                check.cost.min(LUA_MAX),
+                u64::from(check.shadow),
+                self.lockout,
+                u64::from(self.queue),
+            ],
+        );
     }
 
     /// The decision from this check's five reply integers.
@@ -170,6 +173,14 @@ impl Encoded {
         };
         d.delay = ticks(v[4]);
         d
+    }
+}
+
+/// Appends numbers as little-endian doubles (exact: every number here is below 2^53),
+/// the form `lua/driver.lua` unpacks with one `struct.unpack`.
+pub(crate) fn pack(out: &mut Vec<u8>, numbers: &[u64]) {
+    for &n in numbers {
+        out.extend_from_slice(&(n as f64).to_le_bytes());
     }
 }
 

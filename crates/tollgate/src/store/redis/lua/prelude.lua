@@ -6,6 +6,7 @@
 -- algorithms decide. Instants are kept as (seconds, ticks within the second): an
 -- absolute time in nanoseconds (about 1.7e18) would not fit in a double.
 local floor = math.floor
+local format = string.format
 local NEVER = -1
 local TWO53 = 9007199254740992
 -- Set by the driver: extra milliseconds on every TTL, the charges to take back, and

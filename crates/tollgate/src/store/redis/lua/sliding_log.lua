@@ -18,8 +18,9 @@ local function log_save_meta(c, k, used, es, en, keep_ttl)
   end
   local ttl = ttl_ms(k, es, en)
   if ttl > 0 then
-    redis.call('SET', c.meta, packed, 'PX', ttl)
-    redis.call('PEXPIRE', c.key, ttl)
+    local px = format('%d', ttl)
+    redis.call('SET', c.meta, packed, 'PX', px)
+    redis.call('PEXPIRE', c.key, px)
   else
     redis.call('DEL', c.meta, c.key)
   end

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Benchmarks `tollgate serve --store redis://...` against its ceiling on this machine:
+# Redis running the very script call tollgate makes (EVALSHA, same arguments, same
+# concurrency, 10,000 keys) in the same session.
+#
+# Starts its own redis-server on a free port (no persistence), then:
+#   1. tollgate serve on that Redis; tollgate-load over gRPC, closed loop, concurrency
+#      64, DURATION, 10,000 keys: max decisions/s, the server's CPU per decision
+#      (--server-pid) and Redis's CPU per decision (/proc/PID/task/*/schedstat);
+#   2. open loop at half that rate: p99; the same rate against tollgate serve on the
+#      in-memory store gives the p99 that Redis adds;
+#   3. the ceiling: the same EVALSHA over 64 connections, one call in flight each
+#      (tollgate-load redis: redis-benchmark cannot send the script's binary argument),
+#      and Redis's CPU per call; redis-benchmark SET as this machine's yardstick;
+#   4. one hammered key over its limit, blocked-key cache on: Redis calls (INFO
+#      commandstats) per rejected request.
+# Needs redis-server, redis-cli, redis-benchmark (redis-server, redis-tools), curl.
+#
+# Usage: tools/bench-redis.sh      Environment: DURATION (10s), CONCURRENCY (64)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+duration="${DURATION:-10s}"
+concurrency="${CONCURRENCY:-64}"
+keys=10000
+bin="${CARGO_TARGET_DIR:-$root/target}/release"
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "bench-redis: $*"; exit 1; }
+for tool in redis-server redis-cli redis-benchmark curl; do
+  command -v "$tool" >/dev/null || die "$tool is required (apt-get install redis-server redis-tools curl)"
+done
+
+log "building release binaries..."
+(cd "$root" && cargo build --release -p tollgate-server -p tollgate-load)
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  local port
+  for _ in $(seq 1 100); do
+    port=$((20000 + RANDOM % 30000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
+  done
+  die "no free port found"
+}
+
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+  --loglevel warning --dir "$work" >"$work/redis.log" 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+for _ in $(seq 1 100); do redis-cli -p "$redis_port" PING >/dev/null 2>&1 && break; sleep 0.05; done
+
+mkdir "$work/rules"
+cat >"$work/rules/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+cat >"$work/rules/hammer.yaml" <<'YAML'
+domain: hammer
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+YAML
+
+# Starts tollgate serve with extra flags; prints "pid grpc_port http_port".
+serve() {
+  local grpc http pid code
+  grpc="$(free_port)"; http="$(free_port)"
+  TOLLGATE_LOG=warn "$bin/tollgate" serve --config "$work/rules" \
+    --grpc-listen "127.0.0.1:$grpc" --http-listen "127.0.0.1:$http" "$@" \
+    >>"$work/server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do
+    code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz" || true)"
+    [[ "$code" == "200" ]] && { echo "$pid $grpc $http"; return 0; }
+    sleep 0.1
+  done
+  cat "$work/server.log" >&2
+  die "tollgate serve did not become ready"
+}
+
+field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
+evalsha_calls() {
+  redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
+    sed -nE 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
+}
+
+read -r redis_tg grpc_r _ <<<"$(serve --store "redis://127.0.0.1:$redis_port")"
+pids+=("$redis_tg")
+read -r memory_tg grpc_m _ <<<"$(serve)"
+pids+=("$memory_tg")
+
+load() { "$bin/tollgate-load" grpc --addr "127.0.0.1:$1" --concurrency "$concurrency" --json --quiet "${@:2}"; }
+
+log "1. tollgate serve on Redis: closed loop, concurrency $concurrency, $duration..."
+r0="$(cpu_ns "$redis_pid")"
+max="$(load "$grpc_r" --keys "$keys" --duration "$duration" --server-pid "$redis_tg")"
+r1="$(cpu_ns "$redis_pid")"
+log "   $max"
+rps="$(field "$max" rps)"
+decisions="$(( $(field "$max" ok) + $(field "$max" over_limit) ))"
+tg_cpu="$(field "$max" server_cpu_us_per_request)"
+redis_cpu_tg="$(awk -v a="$r0" -v b="$r1" -v n="$decisions" 'BEGIN { printf "%.1f", (b - a) / 1000 / n }')"
+[[ "$(field "$max" errors)" == "0" ]] || log "   warning: errors: $(field "$max" first_error)"
+
+half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
+log "2. open loop at $half/s: on Redis, then on the in-memory store..."
+open_r="$(load "$grpc_r" --keys "$keys" --duration "$duration" --rate "$half")"
+open_m="$(load "$grpc_m" --keys "$keys" --duration "$duration" --rate "$half")"
+p99_r="$(field "$open_r" p99)"; p99_m="$(field "$open_m" p99)"
+p50_r="$(field "$open_r" p50)"; p50_m="$(field "$open_m" p50)"
+
+log "3. the ceiling: the same script call, $concurrency connections, one call in flight each..."
+# redis-benchmark cannot send the call (its packed argument holds NUL bytes, which no
+# command-line argument can), so tollgate-load's redis mode sends it the way
+# redis-benchmark -c N would; redis-benchmark runs plain SET as this machine's yardstick.
+r0="$(cpu_ns "$redis_pid")"
+ceil="$("$bin/tollgate-load" redis --url "redis://127.0.0.1:$redis_port" --keys "$keys" \
+  --concurrency "$concurrency" --duration "$duration" --json --quiet)"
+r1="$(cpu_ns "$redis_pid")"
+ceiling="$(field "$ceil" rps)"
+calls="$(( $(field "$ceil" ok) + $(field "$ceil" over_limit) ))"
+redis_cpu_rb="$(awk -v a="$r0" -v b="$r1" -v n="$calls" 'BEGIN { printf "%.1f", (b - a) / 1000 / n }')"
+set_rps="$(redis-benchmark -p "$redis_port" -c "$concurrency" -n 200000 -r "$keys" --csv \
+  SET 'set:__rand_int__' v | tail -1 | cut -d, -f2 | tr -d '"')"
+
+log "4. one hammered key, 10 per hour, blocked-key cache on..."
+c0="$(evalsha_calls)"
+hammer="$(load "$grpc_r" --keys 1 --domain hammer --duration 5s)"
+c1="$(evalsha_calls)"
+rejected="$(field "$hammer" over_limit)"
+per_reject="$(awk -v a="$c0" -v b="$c1" -v n="$rejected" 'BEGIN { printf "%.5f", (b - a) / (n > 0 ? n : 1) }')"
+
+ratio="$(awk -v a="$rps" -v b="$ceiling" 'BEGIN { printf "%.2f", a / b }')"
+printf '\n%-44s %s\n' "measure" "value"
+printf '%-44s %s\n' "tollgate serve on Redis, max decisions/s" "$rps"
+printf '%-44s %s\n' "the same call, -c $concurrency, calls/s (ceiling)" "$ceiling"
+printf '%-44s %s\n' "redis-benchmark SET -c $concurrency, calls/s" "$set_rps"
+printf '%-44s %s\n' "ratio tollgate / ceiling" "$ratio"
+printf '%-44s %s\n' "tollgate CPU us per decision" "$tg_cpu"
+printf '%-44s %s\n' "Redis CPU us per decision (via tollgate)" "$redis_cpu_tg"
+printf '%-44s %s\n' "Redis CPU us per call (ceiling run)" "$redis_cpu_rb"
+printf '%-44s %s\n' "p50 / p99 us at $half/s, Redis" "$p50_r / $p99_r"
+printf '%-44s %s\n' "p50 / p99 us at $half/s, in-memory" "$p50_m / $p99_m"
+printf '%-44s %s\n' "hammered key: rejected, Redis calls/reject" "$rejected, $per_reject"
