@@ -91,6 +91,16 @@ async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if store.redis().is_some() {
+        let problems = crate::store::redis_out_of_range(&rules.current());
+        for p in &problems {
+            error!("{p}");
+        }
+        if !problems.is_empty() {
+            error!("some limits cannot run on Redis; not starting");
+            return ExitCode::FAILURE;
+        }
+    }
     let store_name = store.name();
     let limiter = Limiter::new(Arc::clone(&rules), store)
         .with_fallback(MemoryStore::builder().max_keys(args.max_keys).build())

@@ -84,6 +84,28 @@ impl AnyStore {
     }
 }
 
+/// Limits of `set` that the Redis store cannot compute (see `RedisStore::tick_for`),
+/// as messages naming the rule's file and line.
+pub fn redis_out_of_range(set: &tollgate::rules::RuleSet) -> Vec<String> {
+    let mut out = Vec::new();
+    for domain in set.domains() {
+        for rule in domain.rules() {
+            for l in &rule.limits {
+                if RedisStore::tick_for(&l.limit).is_none() {
+                    out.push(format!(
+                        "{}: domain `{}`: {} per {} with this burst is beyond what the Redis store computes exactly (lower the burst or use a shorter unit)",
+                        rule.origin,
+                        domain.name,
+                        l.requests_per_unit,
+                        l.unit.name().to_lowercase()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 impl Store for AnyStore {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, store::Error> {
         match self {

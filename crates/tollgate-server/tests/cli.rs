@@ -155,3 +155,32 @@ fn conformance_names_a_store_it_cannot_open() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn serve_on_redis_refuses_a_limit_the_scripts_cannot_compute_exactly() {
+    let dir = tempdir("redis-range");
+    std::fs::write(
+        dir.join("big.yaml"),
+        "domain: big\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 4000000007, algorithm: gcra}\n",
+    )
+    .unwrap();
+    // Redis connects lazily: nothing needs to listen on port 1 for this check.
+    let out = tollgate(&[
+        "serve",
+        "--config",
+        dir.to_str().unwrap(),
+        "--store",
+        "redis://127.0.0.1:1",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("big.yaml:3: domain `big`: 4000000007 per year"),
+        "{err}"
+    );
+    assert!(err.contains("not starting"), "{err}");
+}

@@ -22,7 +22,7 @@
 //!
 //! ## Exactness
 //! The scripts compute with integers in doubles, exact below 2^53. For each limit the
-//! store picks the finest tick (1 ns, 1 us, 1 ms) at which window, lockout and the
+//! store picks the finest tick (1 ns, 1 us, 1 ms, 1 s) at which window, lockout and the
 //! buckets' `burst x window / gcd(limit, window)` stay below 2^51: at 1 ns (every rule
 //! up to a day, and most up to 26 days) the scripts decide exactly what the pure
 //! algorithms decide, which differential tests check on random traces; at a coarser
@@ -349,7 +349,7 @@ impl RedisStore {
     }
 
     /// The time step, in nanoseconds, at which the scripts compute `limit`: 1 when they
-    /// decide exactly as the in-memory store, 1 000 or 1 000 000 for limits whose
+    /// decide exactly as the in-memory store, 1 000, 1 000 000 or 10^9 for limits whose
     /// numbers would not fit a double at 1 ns (then "now" is truncated to the step and
     /// durations are rounded up to it); `None` when no step fits (the store refuses the
     /// limit).

@@ -72,7 +72,7 @@ pub(crate) fn source(mask: u8) -> String {
 pub(crate) struct Encoded {
     /// Algorithm code, 1 to 6 (`lua/driver.lua`).
     pub alg: u8,
-    /// Nanoseconds per tick: 1, 1 000 or 1 000 000.
+    /// Nanoseconds per tick: 1, 1 000, 1 000 000 or 1 000 000 000.
     pub tick: u64,
     limit: u64,
     window: u64,
@@ -86,11 +86,11 @@ pub(crate) struct Encoded {
 
 /// Why a limit cannot be run by the scripts.
 #[derive(Debug, thiserror::Error)]
-#[error("limit {0:?} is out of the Redis scripts' exact range (window, burst x window and limit below 2^51 ticks of 1 ms)")]
+#[error("limit {0:?} is out of the Redis scripts' exact range (window, (2 x burst + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)")]
 pub(crate) struct OutOfRange(pub Algorithm);
 
 impl Encoded {
-    /// Encodes a limit, choosing the finest tick (1 ns, then 1 us, then 1 ms) at which
+    /// Encodes a limit, choosing the finest tick (1 ns, then 1 us, 1 ms, 1 s) at which
     /// the scripts' arithmetic is exact.
     pub fn new(limit: &Limit) -> Result<Self, OutOfRange> {
         let a = limit.algorithm();
@@ -107,7 +107,7 @@ impl Encoded {
         if value >= LUA_MAX || burst >= LUA_MAX {
             return Err(OutOfRange(*a));
         }
-        for tick in [1, 1_000, 1_000_000] {
+        for tick in [1, 1_000, 1_000_000, 1_000_000_000] {
             if a.window() % tick != 0 {
                 continue;
             }
@@ -218,6 +218,19 @@ mod tests {
         )))
         .unwrap();
         assert_eq!(Encoded::new(&year).unwrap().tick, 1_000);
+        let huge = Limit::new(Algorithm::Gcra(Gcra::new(
+            4_000_000_007,
+            Duration::from_secs(365 * 86_400),
+        )))
+        .unwrap();
+        assert!(Encoded::new(&huge).is_err(), "beyond even 1 s ticks");
+        // A prime per year: too big for 1 ms ticks, fine at 1 s.
+        let yearly = Limit::new(Algorithm::Gcra(Gcra::new(
+            1_000_003,
+            Duration::from_secs(365 * 86_400),
+        )))
+        .unwrap();
+        assert_eq!(Encoded::new(&yearly).unwrap().tick, 1_000_000_000);
     }
 
     #[test]

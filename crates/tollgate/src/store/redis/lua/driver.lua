@@ -58,7 +58,7 @@ local function decide(c, cost)
   local d = run(c, cost)
   if d[1] == 0 and d[4] ~= NEVER then
     local s, n = later(c, c.lockout)
-    redis.call('SET', c.lock, struct.pack('dd', s, n), 'PX', format('%d', cdiv(c.lockout, c.tpms) + SLACK_MS))
+    redis.call('SET', c.lock, struct.pack('dd', s, n), 'PX', format('%d', to_ms(c, c.lockout) + SLACK_MS))
     d[2], d[3], d[4] = 0, c.lockout, c.lockout
   end
   return d
@@ -96,7 +96,6 @@ for q = 1, requests do
       ns = NS,
       nn = floor(NN / tick),
       tps = 1000000000 / tick,
-      tpms = 1000000 / tick,
       key = KEYS[key],
     }
     key = key + 1

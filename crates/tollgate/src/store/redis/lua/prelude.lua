@@ -1,7 +1,7 @@
 -- Tollgate Redis scripts: shared arithmetic and instants.
 --
 -- Lua numbers are doubles, exact for integers below 2^53. The caller (Rust) chooses
--- for every check a tick (1 ns, 1 us or 1 ms) small enough that every quantity below
+-- for every check a tick (1 ns, 1 us, 1 ms or 1 s) small enough that every quantity below
 -- stays under 2^52 ticks, so that these scripts decide exactly what the pure Rust
 -- algorithms decide. Instants are kept as (seconds, ticks within the second): an
 -- absolute time in nanoseconds (about 1.7e18) would not fit in a double.
@@ -119,11 +119,17 @@ local function nowmod(c, w)
   return m
 end
 
+-- A duration in the check's ticks as whole milliseconds, rounded up.
+local function to_ms(c, dt)
+  if c.tick >= 1000000 then return dt * (c.tick / 1000000) end
+  return cdiv(dt, 1000000 / c.tick)
+end
+
 -- Milliseconds (rounded up, plus the caller's slack) until an instant: a key's TTL.
 local function ttl_ms(c, s, n)
   local dt = since(c, s, n)
   if dt <= 0 then return 0 end
-  return cdiv(dt, c.tpms) + SLACK_MS
+  return to_ms(c, dt) + SLACK_MS
 end
 
 -- The exact instant now + x / r (x, r in the check's scaled ticks) as a bucket state:

@@ -30,7 +30,7 @@ LOG_CHECK = function(c, cost)
   local w, limit = c.window, c.limit
   local used, es, en = log_meta(c)
   -- Never rewind: a clock that stepped back counts as the newest entry's time.
-  local k = { ns = c.ns, nn = c.nn, tps = c.tps, tpms = c.tpms }
+  local k = { ns = c.ns, nn = c.nn, tps = c.tps, tick = c.tick }
   local last = redis.call('LINDEX', c.key, -1)
   if last then
     local ls, ln = struct.unpack('ddd', last)
