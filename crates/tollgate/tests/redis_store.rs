@@ -543,3 +543,50 @@ fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
         store.stats().calls
     );
 }
+
+#[test]
+fn a_reload_that_moves_a_limit_to_another_tick_still_reads_its_state() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let day = Duration::from_secs(86_400);
+    // Same counter id, numbers changed by a reload: burst 10 runs at 1 ns, 13 at 1 us.
+    let before = Limit::new(Algorithm::Gcra(Gcra::new(1, day).with_burst(10)))
+        .unwrap()
+        .with_id(7);
+    let after = Limit::new(Algorithm::Gcra(Gcra::new(1, day).with_burst(13)))
+        .unwrap()
+        .with_id(7);
+    let log_before = Limit::new(Algorithm::SlidingLog(SlidingLog::new(5, day)))
+        .unwrap()
+        .with_id(8);
+    let log_after = Limit::new(Algorithm::SlidingLog(SlidingLog::new(5, 2 * 366 * day)))
+        .unwrap()
+        .with_id(8);
+    assert_eq!(RedisStore::tick_for(&before), Some(1));
+    assert_eq!(RedisStore::tick_for(&after), Some(1_000));
+    assert_eq!(RedisStore::tick_for(&log_before), Some(1));
+    assert!(RedisStore::tick_for(&log_after).unwrap() > 1);
+    let memory = MemoryStore::new();
+    let redis = caller_time_store(&rt, &server.url());
+    let now = T0 - T0 % 1_000 + 123_000; // a whole microsecond with a sub-second part
+    for (old, new) in [(&before, &after), (&log_before, &log_after)] {
+        for _ in 0..4 {
+            let c = [Check::new(old, "k", 1)];
+            assert_eq!(
+                rt.block_on(redis.check(now, &c)).unwrap(),
+                memory.check_all(now, &c)
+            );
+        }
+        let later = now + 1_000_000;
+        let c = [Check::new(new, "k", 1)];
+        let got = rt.block_on(redis.check(later, &c)).unwrap()[0];
+        let want = memory.check_all(later, &c)[0];
+        assert_eq!(
+            (got.allowed, got.remaining),
+            (want.allowed, want.remaining),
+            "{new:?}"
+        );
+        let tick = RedisStore::tick_for(new).unwrap();
+        assert!(got.reset_after >= want.reset_after && got.reset_after - want.reset_after < tick);
+    }
+}

@@ -17,17 +17,17 @@ local requests = tonumber(ARGV[2])
 local TIME_S, TIME_N
 local saved = {}
 
-local function unpack_state(raw)
+local function unpack_state(c, raw)
   if not raw then return { 0, 0, 0, 0 } end
   local s, n, a, b = struct.unpack('dddd', raw)
-  return { s, n, a, b }
+  return { s, ticks_of(c, n), a, b }
 end
 
 local function put_state(c, st)
   local ttl = ttl_ms(c, st[1], st[2])
   if ttl > 0 then
     -- Redis turns a number argument into text slowly; format it ourselves.
-    redis.call('SET', c.key, struct.pack('dddd', st[1], st[2], st[3], st[4]), 'PX', format('%d', ttl))
+    redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', format('%d', ttl))
   else
     redis.call('DEL', c.key)
   end
@@ -36,7 +36,7 @@ end
 local function run(c, cost)
   if c.alg == 3 then return LOG_CHECK(c, cost) end
   local raw = redis.call('GET', c.key)
-  local d, new = ALG[c.alg](c, unpack_state(raw), cost)
+  local d, new = ALG[c.alg](c, unpack_state(c, raw), cost)
   if new then
     if not saved[c.key] then
       saved[c.key] = true
@@ -52,13 +52,13 @@ local function decide(c, cost)
   local raw = redis.call('GET', c.lock)
   if raw then
     local s, n = struct.unpack('dd', raw)
-    local left = since(c, s, n)
+    local left = since(c, s, ticks_of(c, n))
     if left > 0 then return { 0, 0, left, left, 0 } end
   end
   local d = run(c, cost)
   if d[1] == 0 and d[4] ~= NEVER then
     local s, n = later(c, c.lockout)
-    redis.call('SET', c.lock, struct.pack('dd', s, n), 'PX', format('%d', to_ms(c, c.lockout) + SLACK_MS))
+    redis.call('SET', c.lock, struct.pack('dd', s, ns_of(c, n)), 'PX', format('%d', to_ms(c, c.lockout) + SLACK_MS))
     d[2], d[3], d[4] = 0, c.lockout, c.lockout
   end
   return d
@@ -123,7 +123,7 @@ for q = 1, requests do
       local u = UNDO[j]
       if u[1] == 'state' then
         if u[3] then
-          put_state(u[2], unpack_state(u[3]))
+          put_state(u[2], unpack_state(u[2], u[3]))
         else
           redis.call('DEL', u[2].key)
         end

@@ -119,6 +119,11 @@ local function nowmod(c, w)
   return m
 end
 
+-- Stored instants keep their sub-second part in nanoseconds, whatever the tick, so a
+-- reload that moves a limit to another tick still reads its state right.
+local function ticks_of(c, ns) return floor(ns / c.tick) end
+local function ns_of(c, ticks) return ticks * c.tick end
+
 -- A duration in the check's ticks as whole milliseconds, rounded up.
 local function to_ms(c, dt)
   if c.tick >= 1000000 then return dt * (c.tick / 1000000) end

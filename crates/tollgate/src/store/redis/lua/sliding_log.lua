@@ -5,13 +5,13 @@ local function log_meta(c)
   local raw = redis.call('GET', c.meta)
   if raw then
     local used, es, en = struct.unpack('ddd', raw)
-    return used, es, en
+    return used, es, ticks_of(c, en)
   end
   return 0, 0, 0
 end
 
 local function log_save_meta(c, k, used, es, en, keep_ttl)
-  local packed = struct.pack('ddd', used, es, en)
+  local packed = struct.pack('ddd', used, es, ns_of(k, en))
   if keep_ttl then
     redis.call('SET', c.meta, packed, 'KEEPTTL')
     return
@@ -34,6 +34,7 @@ LOG_CHECK = function(c, cost)
   local last = redis.call('LINDEX', c.key, -1)
   if last then
     local ls, ln = struct.unpack('ddd', last)
+    ln = ticks_of(k, ln)
     if since(k, ls, ln) > 0 then k.ns, k.nn = ls, ln end
   end
   local popped, empty = false, false
@@ -44,6 +45,7 @@ LOG_CHECK = function(c, cost)
       break
     end
     local fs, fn, fc = struct.unpack('ddd', first)
+    fn = ticks_of(k, fn)
     if since(k, fs, fn) + w > 0 then break end
     redis.call('LPOP', c.key)
     used = used - fc
@@ -64,12 +66,15 @@ LOG_CHECK = function(c, cost)
   if used + cost <= limit then
     if cost > 0 then
       local ls, ln, lc
-      if last then ls, ln, lc = struct.unpack('ddd', last) end
+      if last then
+        ls, ln, lc = struct.unpack('ddd', last)
+        ln = ticks_of(k, ln)
+      end
       if last and ls == k.ns and ln == k.nn then
-        redis.call('LSET', c.key, -1, struct.pack('ddd', ls, ln, lc + cost))
+        redis.call('LSET', c.key, -1, struct.pack('ddd', ls, ns_of(k, ln), lc + cost))
         UNDO[#UNDO + 1] = { 'log', c, k, cost, es, en, last }
       else
-        redis.call('RPUSH', c.key, struct.pack('ddd', k.ns, k.nn, cost))
+        redis.call('RPUSH', c.key, struct.pack('ddd', k.ns, ns_of(k, k.nn), cost))
         UNDO[#UNDO + 1] = { 'log', c, k, cost, es, en, false }
       end
       used = used + cost
@@ -90,6 +95,7 @@ LOG_CHECK = function(c, cost)
     if #chunk == 0 then break end
     for i = 1, #chunk do
       local s, n, count = struct.unpack('ddd', chunk[i])
+      n = ticks_of(k, n)
       retry = since(k, s, n) + w
       excess = excess - count
       if excess <= 0 then break end
