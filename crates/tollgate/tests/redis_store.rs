@@ -49,7 +49,8 @@ fn caller_time_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
 
 #[derive(Debug, Clone)]
 struct Req {
-    advance: u64,
+    /// Nanoseconds since the previous request; negative when the caller's clock steps back.
+    advance: i64,
     checks: Vec<(usize, usize, u64, bool)>,
 }
 
@@ -66,7 +67,10 @@ fn window() -> impl Strategy<Value = Duration> {
 }
 
 fn limit() -> impl Strategy<Value = Limit> {
-    (0u8..7, 0u64..12, window(), 1u64..15, any::<bool>()).prop_map(|(alg, n, w, burst, lock)| {
+    // Small limits reach their edges within a trace; large ones (up to 20,000 a day)
+    // exercise the scripts' wide arithmetic.
+    let n = prop_oneof![3 => 0u64..12, 1 => 1_000u64..20_000];
+    (0u8..7, n, window(), 1u64..15, any::<bool>()).prop_map(|(alg, n, w, burst, lock)| {
         let algorithm = match alg {
             0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
             1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
@@ -85,15 +89,23 @@ fn limit() -> impl Strategy<Value = Limit> {
     })
 }
 
+/// `Req::advance` meaning "to the next whole hour".
+const TO_NEXT_HOUR: i64 = i64::MAX;
+
 fn trace(limits: usize) -> impl Strategy<Value = Vec<Req>> {
     let advance = prop_oneof![
-        Just(0u64),
-        0u64..1_000,
-        0u64..50_000_000,
-        0u64..2 * S,
-        0u64..90 * S,
+        Just(0i64),
+        0i64..1_000,
+        0i64..50_000_000,
+        0i64..2 * S as i64,
+        0i64..90 * S as i64,
+        -(2 * S as i64)..0,
+        Just(TO_NEXT_HOUR),
     ];
-    let check = (0..limits, 0usize..2, 0u64..4, prop::bool::weighted(0.15));
+    // Large costs fill large limits, so the scripts' wide products (count x window
+    // beyond 2^53) are taken.
+    let cost = prop_oneof![7 => 0u64..4, 1 => 100u64..6_000];
+    let check = (0..limits, 0usize..2, cost, prop::bool::weighted(0.15));
     prop::collection::vec(
         (advance, prop::collection::vec(check, 1..4))
             .prop_map(|(advance, checks)| Req { advance, checks }),
@@ -113,7 +125,13 @@ fn differential(
     let keys = ["alice", "b{o}b:_ é"];
     let mut now = T0;
     for (step, r) in reqs.iter().enumerate() {
-        now += r.advance;
+        now = if r.advance == TO_NEXT_HOUR {
+            // Exactly on a window's start, where a sliding window's previous count
+            // weighs in whole.
+            (now / (3_600 * S) + 1) * 3_600 * S
+        } else {
+            now.saturating_add_signed(r.advance)
+        };
         let checks: Vec<Check<'_>> = r
             .checks
             .iter()
@@ -131,7 +149,7 @@ fn differential(
             &expected,
             "step {} at T0+{}ns, checks {:?}, limits {:?}",
             step,
-            now - T0,
+            now as i128 - T0 as i128,
             r.checks,
             limits
         );

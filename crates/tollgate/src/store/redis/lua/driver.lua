@@ -25,12 +25,8 @@ end
 
 local function put_state(c, st)
   local ttl = ttl_ms(c, st[1], st[2])
-  if ttl > 0 then
-    -- Redis turns a number argument into text slowly; format it ourselves.
-    redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', format('%d', ttl))
-  else
-    redis.call('DEL', c.key)
-  end
+  -- Redis turns a number argument into text slowly; format it ourselves.
+  redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', format('%d', ttl))
 end
 
 local function run(c, cost)
@@ -54,6 +50,9 @@ local function decide(c, cost)
     local s, n = struct.unpack('dd', raw)
     local left = since(c, s, ticks_of(c, n))
     if left > 0 then return { 0, 0, left, left, 0 } end
+    -- An ended lockout is forgotten, as the in-memory store forgets it: a clock that
+    -- then steps back does not find it again.
+    redis.call('DEL', c.lock)
   end
   local d = run(c, cost)
   if d[1] == 0 and d[4] ~= NEVER then
@@ -112,6 +111,7 @@ for q = 1, requests do
 
   UNDO = {}
   saved = {}
+  MULTI = count > 1
   local decisions, rejected = {}, false
   for i = 1, count do
     local d = decide(checks[i], checks[i].cost)

@@ -16,6 +16,9 @@ local UNDO = {}
 local ALG = {}
 local LOG_CHECK = nil
 local LOG_UNDO = nil
+-- Whether the request being decided has several checks: only then does a rejection
+-- restore a snapshot (the in-memory store's check of a lone key has nothing to undo).
+local MULTI = false
 
 -- q, r with a = q * b + r and 0 <= r < b, exact for integers a, b below 2^53.
 local function divmod(a, b)
@@ -76,8 +79,10 @@ end
 -- floor(a * b / c), exact for a, b, c below 2^51 when the result is below 2^53.
 local function muldiv(a, b, c)
   if a * b < TWO53 then return fdiv(a * b, c) end
+  -- a * b / c = a * qb + a * rb / c with b = qb * c + rb; the second term is built
+  -- bit by bit of a so that no intermediate exceeds 2 * c.
   local qb, rb = divmod(b, c)
-  local q, r = a * qb, 0
+  local q, r = 0, 0
   local bits = bits_of(a)
   for i = #bits, 1, -1 do
     q = q * 2
@@ -94,7 +99,7 @@ local function muldiv(a, b, c)
       end
     end
   end
-  return q
+  return a * qb + q
 end
 
 -- An instant minus the check's "now", in the check's ticks.
@@ -130,11 +135,15 @@ local function to_ms(c, dt)
   return cdiv(dt, 1000000 / c.tick)
 end
 
--- Milliseconds (rounded up, plus the caller's slack) until an instant: a key's TTL.
+-- Milliseconds (rounded up, plus the caller's slack, at least 1) until an instant: a
+-- key's TTL. A state that is already fresh is kept for the slack too, so that a clock
+-- stepping back by less than the slack finds it as the in-memory store would.
 local function ttl_ms(c, s, n)
   local dt = since(c, s, n)
-  if dt <= 0 then return 0 end
-  return to_ms(c, dt) + SLACK_MS
+  local ms = SLACK_MS
+  if dt > 0 then ms = ms + to_ms(c, dt) end
+  if ms < 1 then ms = 1 end
+  return ms
 end
 
 -- The exact instant now + x / r (x, r in the check's scaled ticks) as a bucket state:

@@ -1,34 +1,34 @@
 -- Sliding window log (algorithm/sliding_log.rs). KEYS: a list of entries
 -- {s, ticks, cost} (one per admitted instant, oldest first) and a meta string
--- {used, newest entry + window: s, ticks}. Charges are recorded in UNDO.
+-- {used, newest entry + window: s, ticks}. Charges and trimmed entries are recorded
+-- in UNDO, so that a rejected request leaves the log exactly as it found it (as the
+-- in-memory store restores its snapshot).
 local function log_meta(c)
   local raw = redis.call('GET', c.meta)
   if raw then
     local used, es, en = struct.unpack('ddd', raw)
-    return used, es, ticks_of(c, en)
+    return used, es, ticks_of(c, en), raw
   end
-  return 0, 0, 0
+  return 0, 0, 0, nil
 end
 
 local function log_save_meta(c, k, used, es, en, keep_ttl)
   local packed = struct.pack('ddd', used, es, ns_of(k, en))
   if keep_ttl then
-    redis.call('SET', c.meta, packed, 'KEEPTTL')
+    -- XX: a meta key that is gone (evicted) is not recreated without a TTL.
+    redis.call('SET', c.meta, packed, 'XX', 'KEEPTTL')
     return
   end
-  local ttl = ttl_ms(k, es, en)
-  if ttl > 0 then
-    local px = format('%d', ttl)
-    redis.call('SET', c.meta, packed, 'PX', px)
-    redis.call('PEXPIRE', c.key, px)
-  else
-    redis.call('DEL', c.meta, c.key)
-  end
+  -- The TTL counts from the real "now" (c), not the clamped one (k): after a clock
+  -- step back the state matters for longer, not shorter.
+  local px = format('%d', ttl_ms(c, es, en))
+  redis.call('SET', c.meta, packed, 'PX', px)
+  redis.call('PEXPIRE', c.key, px)
 end
 
 LOG_CHECK = function(c, cost)
   local w, limit = c.window, c.limit
-  local used, es, en = log_meta(c)
+  local used, es, en, meta_raw = log_meta(c)
   -- Never rewind: a clock that stepped back counts as the newest entry's time.
   local k = { ns = c.ns, nn = c.nn, tps = c.tps, tick = c.tick }
   local last = redis.call('LINDEX', c.key, -1)
@@ -37,7 +37,7 @@ LOG_CHECK = function(c, cost)
     ln = ticks_of(k, ln)
     if since(k, ls, ln) > 0 then k.ns, k.nn = ls, ln end
   end
-  local popped, empty = false, false
+  local popped, empty, gone = false, false, {}
   while true do
     local first = redis.call('LINDEX', c.key, 0)
     if not first then
@@ -48,9 +48,11 @@ LOG_CHECK = function(c, cost)
     fn = ticks_of(k, fn)
     if since(k, fs, fn) + w > 0 then break end
     redis.call('LPOP', c.key)
+    gone[#gone + 1] = first
     used = used - fc
     popped = true
   end
+  if popped and MULTI then UNDO[#UNDO + 1] = { 'logpop', c, gone, meta_raw } end
   if empty then
     used = 0
     last = nil
@@ -72,10 +74,10 @@ LOG_CHECK = function(c, cost)
       end
       if last and ls == k.ns and ln == k.nn then
         redis.call('LSET', c.key, -1, struct.pack('ddd', ls, ns_of(k, ln), lc + cost))
-        UNDO[#UNDO + 1] = { 'log', c, k, cost, es, en, last }
+        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, last, meta_raw ~= nil }
       else
         redis.call('RPUSH', c.key, struct.pack('ddd', k.ns, ns_of(k, k.nn), cost))
-        UNDO[#UNDO + 1] = { 'log', c, k, cost, es, en, false }
+        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, false, meta_raw ~= nil }
       end
       used = used + cost
       es, en = later(k, w)
@@ -107,19 +109,31 @@ LOG_CHECK = function(c, cost)
   return { 0, remaining, reset, retry, 0 }
 end
 
--- Takes back one charge of a log (newest first, as UNDO is replayed backwards).
+-- Takes back one change to a log (newest first, as UNDO is replayed backwards): a
+-- charge, or entries trimmed from its front.
 LOG_UNDO = function(u)
-  local c, k, cost, es, en, old_last = u[2], u[3], u[4], u[5], u[6], u[7]
+  if u[1] == 'logpop' then
+    local c, gone, meta_raw = u[2], u[3], u[4]
+    for i = #gone, 1, -1 do redis.call('LPUSH', c.key, gone[i]) end
+    if meta_raw then
+      local _, es, en = struct.unpack('ddd', meta_raw)
+      local px = format('%d', ttl_ms(c, es, ticks_of(c, en)))
+      redis.call('SET', c.meta, meta_raw, 'PX', px)
+      redis.call('PEXPIRE', c.key, px)
+    end
+    return
+  end
+  -- The meta as it was before the charge (its end of window included, which the
+  -- decision's reset_after reports even once the log is empty).
+  local c, k, used, es, en, old_last, had_meta = u[2], u[3], u[4], u[5], u[6], u[7], u[8]
   if old_last then
     redis.call('LSET', c.key, -1, old_last)
   else
     redis.call('RPOP', c.key)
   end
-  local used = log_meta(c)
-  used = used - cost
-  if used <= 0 then
+  if had_meta then
+    log_save_meta(c, k, used, es, en, false)
+  else
     redis.call('DEL', c.meta)
-    if not old_last then return end
   end
-  log_save_meta(c, k, used, es, en, false)
 end
