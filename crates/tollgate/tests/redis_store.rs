@@ -17,13 +17,22 @@ use tollgate::algorithm::{
     TokenBucket,
 };
 use tollgate::decision::Decision;
-use tollgate::store::{Check, MemoryStore, RedisStore, Store, TimeSource};
+use tollgate::store::{Check, MemoryStore, RedisStore, ScriptCall, Store, TimeSource};
 
 const T0: u64 = 1_700_000_000_123_456_789;
 const S: u64 = 1_000_000_000;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime whose tasks run on both cores, for concurrent requests.
+fn two_threads() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap()
@@ -510,11 +519,7 @@ descriptors:
 #[test]
 fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_threads();
     let store = std::sync::Arc::new(
         rt.block_on(
             RedisStore::builder(server.url())
@@ -525,7 +530,7 @@ fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
         .unwrap(),
     );
     let hour = Duration::from_secs(3_600);
-    let tight = Limit::new(Algorithm::FixedWindow(FixedWindow::new(100, hour))).unwrap();
+    let tight = fixed(100, hour);
     let loose = Limit::new(Algorithm::SlidingLog(SlidingLog::new(150, hour))).unwrap();
     let admitted = rt.block_on(async {
         let mut tasks = Vec::new();
@@ -607,4 +612,150 @@ fn a_reload_that_moves_a_limit_to_another_tick_still_reads_its_state() {
         let tick = RedisStore::tick_for(new).unwrap();
         assert!(got.reset_after >= want.reset_after && got.reset_after - want.reset_after < tick);
     }
+}
+
+fn fixed(limit: u64, window: Duration) -> Limit {
+    Limit::new(Algorithm::FixedWindow(FixedWindow::new(limit, window))).unwrap()
+}
+
+#[test]
+fn requests_that_missed_their_deadline_are_not_charged_later() {
+    let server = RedisServer::start();
+    let rt = two_threads();
+    let store = std::sync::Arc::new(
+        rt.block_on(
+            RedisStore::builder(server.url())
+                .deadline(Duration::from_millis(20))
+                .circuit_breaker(1_000, Duration::from_millis(10))
+                .blocked_cache(0)
+                .connect(),
+        )
+        .unwrap(),
+    );
+    let l = fixed(1_000, Duration::from_secs(3_600));
+    // Connected and the script loaded.
+    rt.block_on(store.check(0, &[Check::new(&l, "k", 0)]))
+        .unwrap();
+    server.pause(true);
+    let timed_out = rt.block_on(async {
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let (store, l) = (store.clone(), l);
+                tokio::spawn(async move { store.check(0, &[Check::new(&l, "k", 1)]).await })
+            })
+            .collect();
+        let mut timed_out = 0;
+        for t in tasks {
+            if matches!(t.await.unwrap(), Err(tollgate::store::Error::Timeout(_))) {
+                timed_out += 1;
+            }
+        }
+        timed_out
+    });
+    server.pause(false);
+    assert_eq!(timed_out, 50, "every request answered by its deadline");
+    std::thread::sleep(Duration::from_millis(100));
+    let left = rt
+        .block_on(store.check(0, &[Check::new(&l, "k", 0)]))
+        .unwrap()[0]
+        .remaining;
+    // The one call already written to the socket runs when Redis wakes up; the
+    // requests still queued were dropped.
+    assert!(
+        left >= 999,
+        "{} requests that timed out were charged",
+        1_000 - left
+    );
+}
+
+#[test]
+fn a_request_the_script_fails_on_fails_alone_and_does_not_trip_the_breaker() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(
+            RedisStore::builder(server.url())
+                .prefix("p")
+                .circuit_breaker(3, Duration::from_secs(60))
+                .connect(),
+        )
+        .unwrap();
+    let l = gcra(100, Duration::from_secs(60));
+    // Someone else's list where the "bad" key's state should be.
+    let bad = ScriptCall::new("p", &[Check::new(&l, "bad", 1)]).unwrap();
+    command(server.port, &format!("RPUSH {} x", bad.keys[0])).unwrap();
+    for _ in 0..10 {
+        let err = rt
+            .block_on(store.check(0, &[Check::new(&l, "bad", 1)]))
+            .unwrap_err();
+        assert!(err.to_string().contains("failed on this request"), "{err}");
+    }
+    assert_eq!(store.stats().circuit_opened, 0, "Redis itself is healthy");
+    let good = rt
+        .block_on(store.check(0, &[Check::new(&l, "good", 1)]))
+        .unwrap();
+    assert!(good[0].allowed);
+    // In one request with a good key, the good key's charge is taken back.
+    let both = [Check::new(&l, "good", 1), Check::new(&l, "bad", 1)];
+    assert!(rt.block_on(store.check(0, &both)).is_err());
+    let peek = rt
+        .block_on(store.check(0, &[Check::new(&l, "good", 0)]))
+        .unwrap();
+    assert_eq!(
+        peek[0].remaining, 99,
+        "only the lone request charged `good`"
+    );
+}
+
+#[test]
+fn a_cached_rejection_still_starts_the_lockouts_and_survives_a_redis_failure() {
+    let mut server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(
+            RedisStore::builder(server.url())
+                .deadline(Duration::from_millis(50))
+                .connect(),
+        )
+        .unwrap();
+    let hour = Duration::from_secs(3_600);
+    let hot = fixed(1, hour);
+    let login = fixed(1, Duration::from_secs(60)).with_lockout(hour);
+    let memory = MemoryStore::new();
+    let steps: [&[Check<'_>]; 3] = [
+        &[Check::new(&hot, "ip", 1)],
+        &[Check::new(&hot, "ip", 1)],
+        &[Check::new(&login, "alice", 1)],
+    ];
+    for checks in steps {
+        let got = rt.block_on(store.check(0, checks)).unwrap();
+        let want = memory.check_all(T0, checks);
+        assert_eq!(got[0].allowed, want[0].allowed);
+    }
+    // `ip` is now rejected from the cache; `alice` is over her limit too, and her
+    // rejection starts a lockout, as it does in the in-memory store.
+    let both = [Check::new(&hot, "ip", 1), Check::new(&login, "alice", 1)];
+    let got = rt.block_on(store.check(0, &both)).unwrap();
+    let want = memory.check_all(T0, &both);
+    assert!(got[0].from_cache && !got[0].allowed);
+    assert_eq!(got[1].allowed, want[1].allowed);
+    assert!(!got[1].allowed);
+    let alice = [Check::new(&login, "alice", 0)];
+    let locked = rt.block_on(store.check(0, &alice)).unwrap()[0];
+    assert_eq!(
+        memory.check_all(T0, &alice)[0].retry_after,
+        hour.as_nanos() as u64
+    );
+    assert!(
+        locked.retry_after > 3_500 * S,
+        "locked out for the hour, not just to the minute's end: {locked:?}"
+    );
+    // Redis gone: the cached rejection still answers (not the failure policy), and
+    // the other check is reported uncharged.
+    server.kill();
+    let other = fixed(10, hour);
+    let mixed = [Check::new(&hot, "ip", 1), Check::new(&other, "bob", 1)];
+    let got = rt.block_on(store.check(0, &mixed)).unwrap();
+    assert!(got[0].from_cache && !got[0].allowed);
+    assert!(got[1].allowed && got[1].remaining == 10);
 }

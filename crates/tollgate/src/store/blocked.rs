@@ -7,7 +7,9 @@
 //! the same or a larger cost). Entries are keyed by a fingerprint of the limit (its id
 //! and its numbers, so a reload that changes a limit does not keep stale entries) and
 //! the key, and the cache holds at most `capacity` entries: when full, expired entries
-//! are dropped and, if none has expired, the new entry is not cached.
+//! are dropped and, if none has expired, the new entry is not cached. A full shard is
+//! swept only once its earliest entry has expired (and at most every 10 ms), so a
+//! flood of new rejected keys cannot make every request scan it.
 
 use std::hash::{BuildHasher, Hash, Hasher};
 
@@ -22,10 +24,21 @@ const SHARDS: usize = 16;
 
 /// A bounded map from (limit, key) to "rejected until".
 pub(crate) struct BlockedCache {
-    shards: Box<[Mutex<HashMap<u64, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     hasher: ahash::RandomState,
 }
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<u64, Entry>,
+    /// When a full shard may be swept again: its earliest expiry, at least 10 ms after
+    /// the last sweep.
+    next_sweep: Nanos,
+}
+
+/// Least time between two sweeps of a full shard.
+const SWEEP_GAP: Nanos = 10_000_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -38,7 +51,7 @@ struct Entry {
 impl BlockedCache {
     pub fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
             hasher: ahash::RandomState::new(),
         }
@@ -53,7 +66,7 @@ impl BlockedCache {
         h.finish()
     }
 
-    fn shard(&self, fp: u64) -> &Mutex<HashMap<u64, Entry>> {
+    fn shard(&self, fp: u64) -> &Mutex<Shard> {
         &self.shards[(fp as usize) % SHARDS]
     }
 
@@ -64,9 +77,9 @@ impl BlockedCache {
         }
         let fp = self.fingerprint(check);
         let mut shard = self.shard(fp).lock();
-        let e = *shard.get(&fp)?;
+        let e = *shard.entries.get(&fp)?;
         if e.until <= now {
-            shard.remove(&fp);
+            shard.entries.remove(&fp);
             return None;
         }
         if check.cost < e.cost {
@@ -90,19 +103,24 @@ impl BlockedCache {
             limit: d.limit,
         };
         let mut shard = self.shard(fp).lock();
-        if shard.len() >= self.per_shard && !shard.contains_key(&fp) {
-            shard.retain(|_, e| e.until > now);
-            if shard.len() >= self.per_shard {
+        if shard.entries.len() >= self.per_shard && !shard.entries.contains_key(&fp) {
+            if now < shard.next_sweep {
+                return;
+            }
+            shard.entries.retain(|_, e| e.until > now);
+            let earliest = shard.entries.values().map(|e| e.until).min();
+            shard.next_sweep = earliest.unwrap_or(0).max(now.saturating_add(SWEEP_GAP));
+            if shard.entries.len() >= self.per_shard {
                 return;
             }
         }
-        shard.insert(fp, entry);
+        shard.entries.insert(fp, entry);
     }
 
     /// Entries held (live or not yet swept).
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.lock().entries.len()).sum()
     }
 }
 
@@ -136,5 +154,10 @@ mod tests {
             cache.remember(&Check::new(&limit, &key, 1), &d, 1_000);
         }
         assert!(cache.len() <= 32);
+        // Once entries expire (and the sweep gap has passed), new ones are cached.
+        let later = 1_000 + 500 + SWEEP_GAP;
+        let fresh = Check::new(&limit, "fresh", 1);
+        cache.remember(&fresh, &d, later);
+        assert!(cache.lookup(&fresh, later + 1).is_some());
     }
 }

@@ -4,7 +4,8 @@
 //! The runtime key (the descriptor's values, already length-prefixed so that it is
 //! unambiguous) is percent-escaped: every byte outside `A-Z a-z 0-9 - . _ ~ / @` becomes
 //! `%XX`. The escaping is injective and leaves no `{`, `}`, `:`, `%`-ambiguity,
-//! space or non-ASCII byte in the name, so no runtime value can collide with another
+//! space or non-ASCII byte in the name (the empty key is tagged `%`, which no escaped
+//! key equals), so no runtime value can collide with another
 //! key or break the hash tag. The braces are a Redis Cluster hash tag: every limit of
 //! one descriptor (same runtime key, different limit ids) lands in the same slot.
 
@@ -22,7 +23,14 @@ pub(crate) struct KeyNames {
 impl KeyNames {
     /// Names for `key` under the limit `limit_id`.
     pub fn new(prefix: &str, limit_id: u64, key: &[u8]) -> Self {
-        let tag = escape(key);
+        // An empty tag `{}` is no hash tag to Redis Cluster (the whole name would be
+        // hashed, scattering a check's keys over slots): the empty key is tagged `%`,
+        // which escaping never produces on its own.
+        let tag = if key.is_empty() {
+            String::from("%")
+        } else {
+            escape(key)
+        };
         let state = format!("{prefix}:{{{tag}}}:{limit_id:016x}");
         Self { tag, state }
     }
@@ -72,6 +80,7 @@ mod tests {
         for (n, v) in names.iter().zip(values) {
             assert!(!n.tag.contains(['{', '}', ':', ' ']), "{v:?} -> {}", n.tag);
             assert!(n.state.is_ascii());
+            assert!(!n.tag.is_empty(), "`{{}}` is no hash tag in a cluster");
             assert_eq!(n.state.matches('{').count(), 1);
         }
         let mut all: Vec<_> = names.iter().map(|n| n.state.clone()).collect();

@@ -44,7 +44,10 @@
 //! comes back as a [`store::Error`](super::Error), and the [`Limiter`](crate::limiter::Limiter)
 //! applies the rule's failure mode. After `breaker_threshold` consecutive failures the
 //! circuit opens and calls fail at once; every `breaker_cooldown` one probe goes
-//! through, and a success closes it. The connection is one multiplexed connection
+//! through, and a success closes it. The breaker counts failed script calls (not each
+//! request of a failed batch) and requests that missed their deadline. A request
+//! still queued when its deadline passes is dropped, never charged late; one whose
+//! checks make the script fail (a key of the wrong type) fails alone. The connection is one multiplexed connection
 //! (redis-rs `ConnectionManager`, or its cluster equivalent) shared by every request,
 //! reconnecting with backoff.
 //!
@@ -72,7 +75,7 @@ use crate::clock::{Nanos, NANOS_PER_SEC};
 use crate::decision::Decision;
 use breaker::Breaker;
 use keys::KeyNames;
-use script::{pack, Encoded, Scripts, CHECK_BYTES};
+use script::{pack, Encoded, Scripts, CHECK_BYTES, FAILED};
 
 /// Where the scripts take "now" from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,9 +128,7 @@ pub struct RedisStore {
     prefix: String,
     deadline: Duration,
     time: TimeSource,
-    breaker: Breaker,
     cache: Option<BlockedCache>,
-    errors: AtomicU64,
     timeouts: AtomicU64,
     refused: AtomicU64,
     cache_hits: AtomicU64,
@@ -139,6 +140,11 @@ struct Shared {
     scripts: Scripts,
     slack_ms: u64,
     calls: AtomicU64,
+    /// Fed once per script call (a batch of 128 failing together is one failure) and
+    /// once per request that misses its deadline.
+    breaker: Breaker,
+    /// Script calls that failed.
+    errors: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -148,6 +154,7 @@ enum Connection {
 }
 
 /// One request's part of a script call: its packed `ARGV` argument and its `KEYS`.
+#[derive(Debug)]
 struct Request {
     mask: u8,
     args: Vec<u8>,
@@ -168,6 +175,8 @@ const MAX_BATCH: usize = 128;
 const IN_FLIGHT: usize = 1;
 /// Requests that may wait for the batcher; beyond, a request fails at once.
 const QUEUE: usize = 65_536;
+/// The longest TTL slack (a day): keeps every TTL a script computes a valid number.
+const MAX_SLACK_MS: u64 = 86_400_000;
 
 impl RedisStoreBuilder {
     /// Key prefix (default `tollgate`).
@@ -188,7 +197,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Extra time on every key's TTL (default 1 ms). Tests that pass their own time
+    /// Extra time on every key's TTL (default 1 ms, at most a day). A state that is
+    /// fresh again is kept for the slack too, so a clock stepping back by less than
+    /// the slack still finds it. Tests that pass their own time
     /// use a long slack so that Redis does not expire keys by its own clock first.
     pub fn ttl_slack(mut self, slack: Duration) -> Self {
         self.ttl_slack = slack;
@@ -247,8 +258,12 @@ impl RedisStoreBuilder {
         let shared = Arc::new(Shared {
             conn,
             scripts: Scripts::default(),
-            slack_ms: u64::try_from(self.ttl_slack.as_millis()).unwrap_or(u64::MAX),
+            slack_ms: u64::try_from(self.ttl_slack.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(MAX_SLACK_MS),
             calls: AtomicU64::new(0),
+            breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
+            errors: AtomicU64::new(0),
         });
         let queue = match shared.conn {
             Connection::Single(_) => {
@@ -264,9 +279,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             deadline: self.deadline,
             time: self.time,
-            breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
             cache: (self.blocked_cache > 0).then(|| BlockedCache::new(self.blocked_cache)),
-            errors: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
@@ -361,12 +374,12 @@ impl RedisStore {
     pub fn stats(&self) -> RedisStoreStats {
         RedisStoreStats {
             calls: self.shared.calls.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
+            errors: self.shared.errors.load(Ordering::Relaxed),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             circuit_open: self.refused.load(Ordering::Relaxed),
-            circuit_opened: self.breaker.times_opened(),
+            circuit_opened: self.shared.breaker.times_opened(),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
-            open_now: self.breaker.is_open(),
+            open_now: self.shared.breaker.is_open(),
         }
     }
 
@@ -375,7 +388,15 @@ impl RedisStore {
         matches!(self.shared.conn, Connection::Cluster(_))
     }
 
-    async fn decide(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+    /// Decides `checks` in Redis. `rejected`: the request is already rejected (by the
+    /// blocked-key cache), so its checks are decided and then taken back, lockouts
+    /// they start included, as if one more check had been rejected.
+    async fn decide(
+        &self,
+        now: Nanos,
+        checks: &[Check<'_>],
+        rejected: bool,
+    ) -> Result<Vec<Decision>, Error> {
         let mut encoded = Vec::with_capacity(checks.len());
         for c in checks {
             encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
@@ -385,18 +406,20 @@ impl RedisStore {
             .map(|c| KeyNames::new(&self.prefix, c.limit.id(), c.key))
             .collect();
         let groups = self.groups(&names);
-        if !self.breaker.permit() {
+        if !self.shared.breaker.permit() {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Error::CircuitOpen);
         }
         let replies = if let [group] = groups.as_slice() {
             vec![
-                self.send(request(self.time, now, checks, &encoded, &names, group))
-                    .await,
+                self.send(request(
+                    self.time, now, checks, &encoded, &names, group, rejected,
+                ))
+                .await,
             ]
         } else {
             let calls = groups.iter().map(|group| {
-                let request = request(self.time, now, checks, &encoded, &names, group);
+                let request = request(self.time, now, checks, &encoded, &names, group, rejected);
                 self.send(request)
             });
             futures_util::future::join_all(calls).await
@@ -406,7 +429,6 @@ impl RedisStore {
             let values = match reply {
                 Ok(v) if v.len() == group.len() * 5 => v,
                 Ok(v) => {
-                    self.breaker.failure();
                     return Err(Error::Backend(format!(
                         "the script answered {} values for {} checks",
                         v.len(),
@@ -414,19 +436,24 @@ impl RedisStore {
                     )));
                 }
                 Err(e) => {
-                    self.breaker.failure();
-                    self.errors.fetch_add(1, Ordering::Relaxed);
                     if matches!(e, Error::Timeout(_)) {
+                        // The call may still be running: count the miss here.
+                        self.shared.breaker.failure();
                         self.timeouts.fetch_add(1, Ordering::Relaxed);
                     }
                     return Err(e);
                 }
             };
+            if values.first() == Some(&FAILED) {
+                return Err(Error::Backend(
+                    "the script failed on this request (see the Redis log; a key of the wrong type?)"
+                        .into(),
+                ));
+            }
             for (&i, v) in group.iter().zip(values.chunks_exact(5)) {
                 decisions[i] = encoded[i].decode(checks[i].limit.limit(), v);
             }
         }
-        self.breaker.success();
         Ok(decisions)
     }
 
@@ -476,14 +503,16 @@ fn request(
     encoded: &[Encoded],
     names: &[KeyNames],
     group: &[usize],
+    rejected: bool,
 ) -> Request {
     let mut args = Vec::with_capacity(32 + group.len() * CHECK_BYTES);
     let count = group.len() as u64;
+    let forced = if rejected { 2 } else { 0 };
     match time {
-        TimeSource::Redis => pack(&mut args, &[0, 0, 0, count]),
+        TimeSource::Redis => pack(&mut args, &[forced, 0, 0, count]),
         TimeSource::Caller => pack(
             &mut args,
-            &[1, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
+            &[1 + forced, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
         ),
     }
     let mut keys = Vec::with_capacity(group.len());
@@ -533,7 +562,7 @@ impl ScriptCall {
             .map(|c| KeyNames::new(prefix, c.limit.id(), c.key))
             .collect();
         let all: Vec<usize> = (0..checks.len()).collect();
-        let r = request(TimeSource::Redis, 0, checks, &encoded, &names, &all);
+        let r = request(TimeSource::Redis, 0, checks, &encoded, &names, &all, false);
         Ok(Self {
             source: script::source(r.mask),
             keys: r.keys,
@@ -551,12 +580,21 @@ async fn batcher(mut queue: mpsc::Receiver<Job>, shared: Arc<Shared>, in_flight:
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let mut jobs = vec![first];
+        // A request whose caller gave up (its deadline passed) is not sent: it was
+        // answered by the failure policy and must not be charged now.
+        let mut jobs: Vec<Job> = Vec::with_capacity(8);
+        if !first.reply.is_closed() {
+            jobs.push(first);
+        }
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
+                Ok(job) if job.reply.is_closed() => {}
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
+        }
+        if jobs.is_empty() {
+            continue;
         }
         if in_flight <= 1 {
             // One call at a time: make it here, without a task of its own.
@@ -612,41 +650,59 @@ async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, 
     }
     shared.calls.fetch_add(1, Ordering::Relaxed);
     let mut conn = shared.conn.clone();
-    invocation
-        .invoke_async(&mut conn)
-        .await
-        .map_err(|e| Error::Backend(e.to_string()))
+    let reply = invocation.invoke_async(&mut conn).await;
+    match reply {
+        Ok(values) => {
+            shared.breaker.success();
+            Ok(values)
+        }
+        Err(e) => {
+            shared.breaker.failure();
+            shared.errors.fetch_add(1, Ordering::Relaxed);
+            Err(Error::Backend(e.to_string()))
+        }
+    }
 }
 
 impl Store for RedisStore {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
         let Some(cache) = &self.cache else {
-            return self.decide(now, checks).await;
+            return self.decide(now, checks, false).await;
         };
         let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
         let hits = cached.iter().filter(|d| d.is_some()).count();
         if hits == 0 {
-            let decisions = self.decide(now, checks).await?;
+            let decisions = self.decide(now, checks, false).await?;
             for (c, d) in checks.iter().zip(&decisions) {
                 cache.remember(c, d, now);
             }
             return Ok(decisions);
         }
         self.cache_hits.fetch_add(hits as u64, Ordering::Relaxed);
-        // The request is rejected: the other checks are only looked at, not charged.
+        // The request is rejected. Its other checks are still decided in Redis (and
+        // taken back), so that a lockout one of them would start does start.
         let rest: Vec<usize> = (0..checks.len()).filter(|&i| cached[i].is_none()).collect();
         let mut decisions: Vec<Decision> =
             cached.into_iter().map(Option::unwrap_or_default).collect();
-        if !rest.is_empty() {
-            let peeks: Vec<Check<'_>> = rest
-                .iter()
-                .map(|&i| Check {
-                    cost: 0,
-                    ..checks[i]
-                })
-                .collect();
-            for (i, d) in rest.into_iter().zip(self.decide(now, &peeks).await?) {
-                decisions[i] = d;
+        if rest.is_empty() {
+            return Ok(decisions);
+        }
+        let others: Vec<Check<'_>> = rest.iter().map(|&i| checks[i]).collect();
+        match self.decide(now, &others, true).await {
+            Ok(answers) => {
+                for (&i, d) in rest.iter().zip(answers) {
+                    cache.remember(&checks[i], &d, now);
+                    decisions[i] = d;
+                }
+            }
+            Err(e) => {
+                // The cached rejection stands whatever Redis does; the other checks
+                // were not charged, and are reported as having all their room.
+                tracing::debug!(error = %e, "Redis failed on a request the blocked-key cache rejects");
+                for i in rest {
+                    let limit = checks[i].limit.limit();
+                    decisions[i] = Decision::allow(limit, limit, 0);
+                }
             }
         }
         Ok(decisions)

@@ -31,6 +31,8 @@ const MODULES: [&str; 6] = [
 
 /// Bytes per check in a request's packed argument (11 doubles; see `lua/driver.lua`).
 pub(crate) const CHECK_BYTES: usize = 11 * 8;
+/// What the script answers, per check, for a request it failed on.
+pub(crate) const FAILED: i64 = -2;
 /// Every quantity handed to Lua stays below this, so doubles hold it exactly.
 const LUA_MAX: u64 = 1 << 51;
 

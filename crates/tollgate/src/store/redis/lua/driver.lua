@@ -2,13 +2,14 @@
 -- ARGV: TTL slack in ms, the number of requests, then one argument per request: little-
 -- endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
--- per batch; 1: the next two), now seconds, now nanoseconds, the number of checks,
+-- per batch; 1: the next two; +2: the request is already rejected), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
 -- window / gcd, cost, shadow, lockout (ticks), queue.
 -- KEYS, request after request: per check its state key, then its log meta key
 -- (sliding log), then its lockout key (when it has a lockout).
--- Returns 5 integers per check: allowed, remaining, reset_after, retry_after (-1:
--- never), delay, all times in the check's ticks.
+-- Returns 5 integers per check: allowed (1, 0, or -2 when the script failed on this
+-- request), remaining, reset_after, retry_after (-1: never), delay, all times in the
+-- check's ticks.
 -- All or nothing, as the in-memory store: if a check not in shadow mode is rejected,
 -- every charge made by its request is taken back (lockouts stay), and the request's
 -- admitted checks are decided again without charging.
@@ -63,11 +64,52 @@ local function decide(c, cost)
   return d
 end
 
+-- Takes back every charge recorded in UNDO, newest first (lockouts stay).
+local function undo_all()
+  for j = #UNDO, 1, -1 do
+    local u = UNDO[j]
+    if u[1] == 'state' then
+      if u[3] then
+        put_state(u[2], unpack_state(u[2], u[3]))
+      else
+        redis.call('DEL', u[2].key)
+      end
+    else
+      LOG_UNDO(u)
+    end
+  end
+  UNDO = {}
+end
+
+-- Decides one request's checks, all or nothing.
+local function decide_request(checks, count, forced)
+  UNDO = {}
+  saved = {}
+  MULTI = count > 1 or forced
+  local decisions, rejected = {}, forced
+  for i = 1, count do
+    local d = decide(checks[i], checks[i].cost)
+    decisions[i] = d
+    if d[1] == 0 and not checks[i].shadow then rejected = true end
+  end
+  if rejected then
+    undo_all()
+    for i = 1, count do
+      if decisions[i][1] == 1 then decisions[i] = decide(checks[i], 0) end
+    end
+  end
+  return decisions
+end
+
 local out, key = {}, 1
 local unpack = struct.unpack
 for q = 1, requests do
   local blob = ARGV[2 + q]
   local mode, NS, NN, count, pos = unpack('<dddd', blob)
+  -- Mode +2: the request is already rejected (by the caller's blocked-key cache): its
+  -- checks are decided and then taken back, as if one more check had been rejected.
+  local forced = mode >= 2
+  if forced then mode = mode - 2 end
   if mode == 0 then
     if not TIME_S then
       local t = redis.call('TIME')
@@ -109,31 +151,16 @@ for q = 1, requests do
     checks[i] = c
   end
 
-  UNDO = {}
-  saved = {}
-  MULTI = count > 1
-  local decisions, rejected = {}, false
-  for i = 1, count do
-    local d = decide(checks[i], checks[i].cost)
-    decisions[i] = d
-    if d[1] == 0 and not checks[i].shadow then rejected = true end
-  end
-  if rejected then
-    for j = #UNDO, 1, -1 do
-      local u = UNDO[j]
-      if u[1] == 'state' then
-        if u[3] then
-          put_state(u[2], unpack_state(u[2], u[3]))
-        else
-          redis.call('DEL', u[2].key)
-        end
-      else
-        LOG_UNDO(u)
-      end
-    end
-    for i = 1, count do
-      if decisions[i][1] == 1 then decisions[i] = decide(checks[i], 0) end
-    end
+  local ok, decisions = pcall(decide_request, checks, count, forced)
+  if not ok then
+    -- One request's failure (a key of the wrong type, say) fails that request
+    -- alone: its charges are taken back and it answers -2; the batch goes on.
+    pcall(undo_all)
+    local e = decisions
+    if type(e) == 'table' then e = e.err end
+    redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(e))
+    decisions = {}
+    for i = 1, count do decisions[i] = { -2, 0, 0, 0, 0 } end
   end
   for i = 1, count do
     local d = decisions[i]
