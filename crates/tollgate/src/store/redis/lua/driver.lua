@@ -70,7 +70,10 @@ local function undo_all()
     local u = UNDO[j]
     if u[1] == 'state' then
       if u[3] then
-        put_state(u[2], unpack_state(u[2], u[3]))
+        -- The very bytes read (not re-encoded at this check's tick, which may be
+        -- coarser than the stored nanoseconds).
+        local st = unpack_state(u[2], u[3])
+        redis.call('SET', u[2].key, u[3], 'PX', format('%d', ttl_ms(u[2], st[1], st[2])))
       else
         redis.call('DEL', u[2].key)
       end
