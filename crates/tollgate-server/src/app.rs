@@ -15,32 +15,40 @@ use tollgate::store::MemoryStore;
 use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
 
-use crate::cli::{LogFormat, ServeArgs};
-use crate::headers::HeaderSettings;
+use crate::cli::{CommonArgs, LogFormat, ServeArgs};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::{api, grpc};
+use tollgate::http::headers::HeaderSettings;
 
 /// How often the in-memory store drops states that are fresh again.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs the service until SIGTERM or SIGINT, then drains.
 pub fn serve(args: ServeArgs) -> ExitCode {
-    init_logging(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    init_logging(&args.common);
+    match runtime() {
+        Some(rt) => rt.block_on(run(args)),
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// The multi-threaded runtime both servers run on.
+pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(e) => {
             error!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            None
         }
-    };
-    runtime.block_on(run(args))
+    }
 }
 
-fn init_logging(args: &ServeArgs) {
+/// Logs to stderr, as text or JSON, filtered by `--log`.
+pub(crate) fn init_logging(args: &CommonArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -52,7 +60,18 @@ fn init_logging(args: &ServeArgs) {
     };
 }
 
-async fn run(args: ServeArgs) -> ExitCode {
+/// What both servers build from the common settings: the rules (watched, reloaded on
+/// SIGHUP) and the limiter on the chosen store.
+pub(crate) struct Core {
+    pub rules: Arc<Rules>,
+    pub limiter: Limiter<AnyStore>,
+    pub store_name: &'static str,
+    /// Keeps the file watcher alive.
+    pub _watcher: Option<rules::Watcher>,
+}
+
+/// Loads the rules and opens the store; logs why and returns `None` when it cannot.
+pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
     let options = LoadOptions {
         merge_domains: args.merge_domains,
     };
@@ -63,11 +82,11 @@ async fn run(args: ServeArgs) -> ExitCode {
                 error!("{e}");
             }
             error!("the rules are invalid; not starting");
-            return ExitCode::FAILURE;
+            return None;
         }
     };
-    // Keep the watcher alive for the life of the service.
-    let _watcher = match rules::watch(Arc::clone(&rules)) {
+    // Kept alive for the life of the service.
+    let watcher = match rules::watch(Arc::clone(&rules)) {
         Ok(w) => Some(w),
         Err(e) => {
             warn!("cannot watch the rule files ({e}); reload with SIGHUP or POST /reload");
@@ -88,7 +107,7 @@ async fn run(args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             error!(store = %args.store, "cannot open the store: {e}");
-            return ExitCode::FAILURE;
+            return None;
         }
     };
     if store.redis().is_some() {
@@ -98,18 +117,36 @@ async fn run(args: ServeArgs) -> ExitCode {
         }
         if !problems.is_empty() {
             error!("some limits cannot run on Redis; not starting");
-            return ExitCode::FAILURE;
+            return None;
         }
     }
     let store_name = store.name();
     let limiter = Limiter::new(Arc::clone(&rules), store)
         .with_fallback(MemoryStore::builder().max_keys(args.max_keys).build())
         .with_settings(Settings {
-            global_shadow_mode: args.shadow_mode,
+            global_shadow_mode: shadow_mode,
         });
+    Some(Core {
+        rules,
+        limiter,
+        store_name,
+        _watcher: watcher,
+    })
+}
+
+async fn run(args: ServeArgs) -> ExitCode {
+    let Some(core) = core(&args.common, args.shadow_mode).await else {
+        return ExitCode::FAILURE;
+    };
+    let Core {
+        rules,
+        limiter,
+        store_name,
+        _watcher,
+    } = core;
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
-        legacy: args.legacy_headers,
+        legacy: args.common.legacy_headers,
     };
     let service = Arc::new(Service::new(
         limiter,
@@ -166,10 +203,10 @@ async fn run(args: ServeArgs) -> ExitCode {
     info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = store_name, "tollgate serving");
 
     shutdown_signal().await;
-    info!(timeout = ?args.drain_timeout, "draining: finishing in-flight calls");
+    info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
     service.set_ready(false);
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(args.drain_timeout, async {
+    let drained = tokio::time::timeout(args.common.drain_timeout, async {
         let (g, h) = tokio::join!(grpc, http);
         (g, h)
     })
@@ -192,7 +229,7 @@ async fn run(args: ServeArgs) -> ExitCode {
 }
 
 /// Resolves when `stop` turns true.
-async fn stopped(mut stop: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         if stop.changed().await.is_err() {
             return;
@@ -217,7 +254,7 @@ async fn sweep(service: Arc<Service>, stop: watch::Receiver<bool>) {
 }
 
 /// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -47,6 +47,10 @@ pub enum Command {
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
     },
+    /// Run the HTTP gateway: a reverse proxy in front of `--upstream` that limits by the
+    /// `http` section of the rule files (routes, actions, trusted proxies, allow and deny
+    /// lists, concurrency limits, shaping) and answers 429 with RateLimit headers.
+    Proxy(ProxyArgs),
     /// Print the Lua script the Redis store runs for requests using these algorithms
     /// (fixed_window, sliding_window, sliding_log, token_bucket, gcra, leaky_bucket),
     /// to review it or pre-load it with `redis-cli SCRIPT LOAD`.
@@ -60,15 +64,32 @@ pub enum Command {
 /// Settings of `tollgate serve`; every flag also reads a `TOLLGATE_*` variable.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Rule files or directories of `*.yaml` / `*.yml` rule files (repeatable).
-    #[arg(long, env = "TOLLGATE_CONFIG", required = true, value_delimiter = ',')]
-    pub config: Vec<PathBuf>,
+    /// Rules, store, logging and shutdown, shared with `tollgate proxy`.
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Address for Envoy's gRPC rate limit service.
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", default_value = "0.0.0.0:8081")]
     pub grpc_listen: SocketAddr,
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,
+    /// Global shadow mode: report every status, but always answer OK overall.
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
+    #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ratelimit_headers: bool,
+    /// Share of a limit used from which hits count as `near_limit` in metrics.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+}
+
+/// Settings `tollgate serve` and `tollgate proxy` share.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Rule files or directories of `*.yaml` / `*.yml` rule files (repeatable).
+    #[arg(long, env = "TOLLGATE_CONFIG", required = true, value_delimiter = ',')]
+    pub config: Vec<PathBuf>,
     /// Where counters live: `memory` (embedded, per instance), `redis://host:port[/db]`
     /// (shared by every instance on that Redis) or `redis+cluster://host:port,host:port`.
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
@@ -87,21 +108,12 @@ pub struct ServeArgs {
     /// down) holds before evicting those nearest to fresh.
     #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 10_000_000)]
     pub max_keys: usize,
-    /// Global shadow mode: report every status, but always answer OK overall.
-    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
-    pub shadow_mode: bool,
     /// Let several rule files define the same domain.
     #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
     pub merge_domains: bool,
-    /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
-    #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub ratelimit_headers: bool,
     /// Also add the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` headers.
     #[arg(long, env = "TOLLGATE_LEGACY_HEADERS")]
     pub legacy_headers: bool,
-    /// Share of a limit used from which hits count as `near_limit` in metrics.
-    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
-    pub near_limit_ratio: f64,
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -111,6 +123,30 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for in-flight calls before exiting anyway.
     #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+}
+
+/// Settings of `tollgate proxy`; every flag also reads a `TOLLGATE_*` variable.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// Rules, store, logging and shutdown, shared with `tollgate serve`.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Address the gateway listens on.
+    #[arg(long, env = "TOLLGATE_PROXY_LISTEN", default_value = "0.0.0.0:8000")]
+    pub listen: SocketAddr,
+    /// The API every admitted request goes to: `http://host:port[/base-path]`.
+    #[arg(long, env = "TOLLGATE_UPSTREAM")]
+    pub upstream: String,
+    /// Time to connect to the upstream; past it, 504.
+    #[arg(long, env = "TOLLGATE_UPSTREAM_CONNECT_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// Time for the upstream to send its response head; past it, 504.
+    #[arg(long, env = "TOLLGATE_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+    /// Lease of a concurrency permit kept in Redis (renewed while the request runs; a
+    /// crashed instance's permits come back after it).
+    #[arg(long, env = "TOLLGATE_PERMIT_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub permit_lease: Duration,
 }
 
 /// How logs are written.

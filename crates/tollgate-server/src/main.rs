@@ -5,8 +5,8 @@ mod app;
 mod cli;
 mod conformance;
 mod grpc;
-mod headers;
 mod metrics;
+mod proxy;
 mod service;
 mod store;
 mod validate;
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Serve(args)) => app::serve(args),
+        Some(Command::Proxy(args)) => proxy::gateway::run(args),
         Some(Command::Validate {
             paths,
             merge_domains,

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
 
-use crate::headers::HeaderSettings;
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
+use tollgate::http::headers::HeaderSettings;
 
 /// The state behind every listener.
 pub struct Service {

@@ -1,4 +1,5 @@
-//! `tollgate validate PATH...`: checks rule files and reports every problem.
+//! `tollgate validate PATH...`: checks rule files (their rules and their gateway `http`
+//! sections) and reports every problem.
 
 use std::path::PathBuf;
 
@@ -7,7 +8,25 @@ use tollgate::rules::{load, LoadOptions};
 /// Validates the rule files at `paths`; prints errors to stderr or a summary per domain
 /// to stdout. Returns whether everything was valid.
 pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
-    match load(paths, options) {
+    let http = match tollgate::http::config::load(paths) {
+        Ok(sections) => {
+            for s in &sections {
+                println!(
+                    "ok: gateway section of `{}`: {} routes",
+                    s.domain,
+                    s.routes.len()
+                );
+            }
+            true
+        }
+        Err(errors) => {
+            for e in errors.iter() {
+                eprintln!("{e}");
+            }
+            false
+        }
+    };
+    let rules = match load(paths, options) {
         Ok(set) => {
             for domain in set.domains() {
                 println!(
@@ -30,5 +49,6 @@ pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
             eprintln!("{} error(s)", errors.0.len());
             false
         }
-    }
+    };
+    http && rules
 }

@@ -27,6 +27,9 @@
 //!   the system clock and a manual clock for tests.
 //! - [`decision`]: the [`Decision`] every limiter returns.
 //! - [`direct`]: [`DirectLimiter`](direct::DirectLimiter), one limit for one implicit key, lock-free where it can be.
+//! - [`http`] (feature `tower`): `RateLimitLayer` for tower/axum/hyper services, the
+//!   gateway's `http` rule section, client IP through trusted proxies, RateLimit headers.
+//! - [`inflight`]: concurrency permits (`max_in_flight`), in memory or as Redis leases.
 //! - [`limiter`]: [`Limiter`](limiter::Limiter), the seam every front end calls: rules + store → decisions.
 //! - [`rules`]: Envoy-format rule files, validation, matching, hot reload.
 //! - [`store`]: the [`Store`](store::Store) trait (atomic, all-or-nothing per request)
@@ -38,6 +41,9 @@ pub mod algorithm;
 pub mod clock;
 pub mod decision;
 pub mod direct;
+#[cfg(feature = "tower")]
+pub mod http;
+pub mod inflight;
 pub mod limiter;
 pub mod rules;
 pub mod store;

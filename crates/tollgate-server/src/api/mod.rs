@@ -14,8 +14,8 @@ use axum::Router;
 use serde_json::json;
 use tollgate::limiter::{self, Code, RateLimitResponse};
 
-use crate::headers::headers;
 use crate::service::Service;
+use tollgate::http::headers::headers;
 
 /// Every HTTP route.
 pub fn router(service: Arc<Service>) -> Router {

@@ -22,8 +22,8 @@ use tollgate::limiter::{
 };
 use tollgate::rules::Unit;
 
-use crate::headers::{headers, problem_body};
 use crate::service::Service;
+use tollgate::http::headers::{headers, problem_body};
 
 /// The tonic service.
 pub struct Rls {

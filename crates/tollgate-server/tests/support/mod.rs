@@ -114,3 +114,57 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A running `tollgate proxy`; killed when dropped.
+pub struct Proxy {
+    /// The process.
+    pub child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// `127.0.0.1:<port>`.
+    pub addr: String,
+}
+
+impl Proxy {
+    /// Starts `tollgate proxy` on the rule files in `rules` in front of `upstream`, with
+    /// extra `args`, and waits until it accepts connections.
+    pub async fn start(rules: &Path, upstream: &str, args: &[&str]) -> Proxy {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "proxy",
+                "--config",
+                rules.to_str().unwrap(),
+                "--listen",
+                &addr,
+                "--upstream",
+                upstream,
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Killed by Drop if it never listens.
+        let proxy = Proxy {
+            child,
+            url: format!("http://{addr}"),
+            addr,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if tokio::net::TcpStream::connect(&proxy.addr).await.is_ok() {
+                return proxy;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("tollgate proxy did not listen on {}", proxy.addr);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

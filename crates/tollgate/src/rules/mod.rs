@@ -53,7 +53,7 @@ mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
-pub use load::{from_str, load, LoadOptions};
+pub use load::{from_str, load, rule_files, LoadOptions};
 pub use reload::{summary, ReloadOutcome, Rules};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;

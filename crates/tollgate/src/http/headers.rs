@@ -3,10 +3,10 @@
 //! `RateLimit`, one list item per limited descriptor named by its rule; `Retry-After`
 //! on OVER_LIMIT; optionally the legacy `X-RateLimit-Limit/Remaining/Reset`.
 //!
-//! gRPC, the HTTP API and (later) the gateway all use this one module.
+//! gRPC, the HTTP API and the gateway (`RateLimitLayer`, `tollgate proxy`) all use this one module.
 
+use crate::limiter::{Code, DescriptorStatus, RateLimitResponse};
 use serde_json::json;
-use tollgate::limiter::{Code, DescriptorStatus, RateLimitResponse};
 
 /// Which headers to produce.
 #[derive(Debug, Clone, Copy)]
@@ -153,8 +153,8 @@ pub fn problem_body(response: &RateLimitResponse) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate::limiter::{MetricKey, ReportedLimit};
-    use tollgate::rules::Unit;
+    use crate::limiter::{MetricKey, ReportedLimit};
+    use crate::rules::Unit;
 
     fn status(
         name: Option<&str>,

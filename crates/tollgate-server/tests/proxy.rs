@@ -1,0 +1,387 @@
+//! `tollgate proxy` end to end: a real upstream on loopback, the gateway binary in front
+//! of it, and real HTTP clients. Limits and their headers, trusted-proxy client
+//! addresses, allow and deny lists, lockouts, fallbacks, concurrency permits released
+//! by a client that goes away, shaping, and upstream failures mapped to 502 / 504.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use reqwest::{Client, StatusCode};
+use serde_json::Value;
+use support::{tempdir, Proxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const EDGE: &str = r#"domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_ip}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 1, block_duration: 1h, name: per_key}
+  - key: search
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: shaped
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: leaky_bucket, mode: queue, burst: 4, name: shaped}
+http:
+  deny: {cidrs: [192.0.2.0/24], values: {api_key: [revoked]}}
+  routes:
+    - match: {path_prefix: /api/, methods: [GET, POST]}
+      rate_limits:
+        - actions: [{remote_address: {}}]
+    - match: {path_prefix: /keyed/}
+      rate_limits:
+        - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+    - match: {path_prefix: /search}
+      rate_limits:
+        - actions: [{generic_key: {descriptor_key: search, descriptor_value: all}}]
+      fallback: {status: 200, content_type: application/json, body: '{"results":[]}'}
+    - match: {path_prefix: /stream}
+      max_in_flight:
+        - actions: [{remote_address: {}}]
+          limit: 1
+    - match: {path_prefix: /shaped}
+      rate_limits:
+        - actions: [{generic_key: {descriptor_key: shaped, descriptor_value: all}}]
+"#;
+
+/// A second domain whose section trusts loopback as a proxy (as if a load balancer
+/// ran on this host) and lets 10.1.0.0/16 through unlimited.
+const BEHIND_LB: &str = r#"domain: lb
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1, name: lb_per_ip}
+http:
+  trusted_proxies: [127.0.0.0/8]
+  allow: {cidrs: [10.1.0.0/16]}
+  routes:
+    - match: {path_prefix: /lb/}
+      rate_limits:
+        - actions: [{remote_address: {}}]
+"#;
+
+/// The upstream: records when each request arrived; `/stream` sends a chunk every 20
+/// ms until the client goes away; `/hang` never answers.
+/// What the upstream saw of one request: path, arrival, X-Forwarded-For.
+type Arrival = (String, Instant, Option<String>);
+
+#[derive(Clone, Default)]
+struct Upstream {
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+}
+
+async fn upstream_handler(State(up): State<Upstream>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let xff = req
+        .headers()
+        .get("x-forwarded-for")
+        .map(|v| v.to_str().unwrap().to_string());
+    up.arrivals
+        .lock()
+        .unwrap()
+        .push((path.clone(), Instant::now(), xff.clone()));
+    if path.starts_with("/stream") {
+        let chunks = futures_util::stream::unfold(0u64, |n| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some((Ok::<_, std::io::Error>(format!("chunk {n}\n")), n + 1))
+        });
+        return Response::new(Body::from_stream(chunks));
+    }
+    if path.starts_with("/hang") {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    Response::new(Body::from(format!("upstream saw {path}")))
+}
+
+async fn start_upstream() -> (Upstream, SocketAddr) {
+    let up = Upstream::default();
+    let app = axum::Router::new()
+        .fallback(upstream_handler)
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (up, addr)
+}
+
+async fn gateway(name: &str, extra: &[&str]) -> (Upstream, Proxy) {
+    let (up, addr) = start_upstream().await;
+    let dir = tempdir(name);
+    std::fs::write(dir.join("edge.yaml"), EDGE).unwrap();
+    std::fs::write(dir.join("lb.yaml"), BEHIND_LB).unwrap();
+    let proxy = Proxy::start(&dir, &format!("http://{addr}"), extra).await;
+    (up, proxy)
+}
+
+#[tokio::test]
+async fn limits_answer_429_with_the_draft_headers_and_a_problem_body() {
+    let (up, proxy) = gateway("limits", &[]).await;
+    let c = Client::new();
+    for remaining in [2, 1, 0] {
+        let r = c
+            .get(format!("{}/api/items?x=1", proxy.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let h = r.headers();
+        // draft-ietf-httpapi-ratelimit-headers-10: a List of Items, each a String
+        // naming the policy with integer parameters.
+        assert_eq!(h["ratelimit-policy"], "\"per_ip\";q=3;w=60");
+        let rl = h["ratelimit"].to_str().unwrap();
+        let prefix = format!("\"per_ip\";r={remaining};t=");
+        assert!(rl.starts_with(&prefix), "{rl}");
+        let t: u64 = rl[prefix.len()..].parse().unwrap();
+        assert!((1..=60).contains(&t), "{rl}");
+        assert_eq!(r.text().await.unwrap(), "upstream saw /api/items");
+    }
+    let r = c
+        .post(format!("{}/api/items", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(r.headers()["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"per_ip\";r=0;t="));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated_policies"][0]["policy"], "per_ip");
+    assert_eq!(
+        up.arrivals.lock().unwrap().len(),
+        3,
+        "the 429 never went upstream"
+    );
+    // A method or path no route matches is not limited.
+    for _ in 0..5 {
+        let r = c
+            .delete(format!("{}/api/items", proxy.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.headers().get("ratelimit").is_none());
+        let r = c.get(format!("{}/public", proxy.url)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn forwarded_for_is_believed_only_from_trusted_proxies() {
+    let (up, proxy) = gateway("xff", &[]).await;
+    let c = Client::new();
+    // `edge` trusts nobody: a client rotating X-Forwarded-For is still one client.
+    let statuses: Vec<u16> = futures_util::future::join_all((0..5).map(|i| {
+        c.get(format!("{}/api/x", proxy.url))
+            .header("x-forwarded-for", format!("203.0.113.{i}"))
+            .send()
+    }))
+    .await
+    .into_iter()
+    .map(|r| r.unwrap().status().as_u16())
+    .collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    // The gateway appends the address it saw to what it forwards.
+    let seen = up.arrivals.lock().unwrap()[0].2.clone().unwrap();
+    assert!(seen.ends_with(", 127.0.0.1"), "{seen}");
+    // `lb` trusts loopback: the address left of it is the client, one limit each.
+    for ip in ["198.51.100.1", "198.51.100.2"] {
+        let first = c
+            .get(format!("{}/lb/x", proxy.url))
+            .header("x-forwarded-for", format!("6.6.6.6, {ip}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(first.status(), StatusCode::OK);
+        let second = c
+            .get(format!("{}/lb/x", proxy.url))
+            .header("x-forwarded-for", format!("1.2.3.4, {ip}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            second.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "spoofing the left part does not escape the limit"
+        );
+    }
+    // The allow list: never limited.
+    for _ in 0..3 {
+        let r = c
+            .get(format!("{}/lb/x", proxy.url))
+            .header("x-forwarded-for", "10.1.2.3")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn deny_lists_lockouts_and_fallbacks() {
+    let (up, proxy) = gateway("lists", &[]).await;
+    let c = Client::new();
+    let key = |k: &'static str| {
+        c.get(format!("{}/keyed/x", proxy.url))
+            .header("x-api-key", k)
+            .send()
+    };
+    let denied = key("revoked").await.unwrap();
+    assert_eq!(denied.status(), StatusCode::FORBIDDEN);
+    assert_eq!(denied.headers()["content-type"], "application/problem+json");
+    // One per minute, then locked out for an hour: Retry-After says the hour.
+    assert_eq!(key("k1").await.unwrap().status(), StatusCode::OK);
+    let locked = key("k1").await.unwrap();
+    assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = locked.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3_590..=3_600).contains(&retry), "{retry}");
+    assert_eq!(key("k2").await.unwrap().status(), StatusCode::OK);
+    // The search route degrades: its fallback instead of a 429.
+    let first = c
+        .get(format!("{}/search?q=a", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.text().await.unwrap(), "upstream saw /search");
+    let degraded = c
+        .get(format!("{}/search?q=a", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(degraded.status(), StatusCode::OK);
+    assert_eq!(degraded.headers()["content-type"], "application/json");
+    assert!(degraded.headers()["ratelimit"]
+        .to_str()
+        .unwrap()
+        .contains(";r=0;"));
+    assert_eq!(degraded.text().await.unwrap(), r#"{"results":[]}"#);
+    let upstream_paths: Vec<String> = up
+        .arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.0.clone())
+        .collect();
+    assert_eq!(upstream_paths, ["/keyed/x", "/keyed/x", "/search"]);
+}
+
+/// Sends a raw GET and returns the status line's code and the open stream.
+async fn raw_get(addr: &str, path: &str) -> (u16, tokio::net::TcpStream) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, s)
+}
+
+#[tokio::test]
+async fn a_permit_comes_back_when_the_client_goes_away_mid_response() {
+    let (_up, proxy) = gateway("permits", &[]).await;
+    let (code, mut first) = raw_get(&proxy.addr, "/stream").await;
+    assert_eq!(code, 200);
+    let mut chunk = [0u8; 64];
+    assert!(
+        first.read(&mut chunk).await.unwrap() > 0,
+        "the body streams"
+    );
+    // One in flight per client: a second request waits for nothing, it is refused.
+    let (code, _) = raw_get(&proxy.addr, "/stream").await;
+    assert_eq!(code, 429);
+    drop(first);
+    // The first client hung up mid-body: its permit is released.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, _) = raw_get(&proxy.addr, "/stream").await;
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the permit never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_queue_mode_leaky_bucket_spaces_requests_out_instead_of_refusing() {
+    let (up, proxy) = gateway("shaping", &[]).await;
+    let c = Client::new();
+    // 10 per second with room for 4: 8 at once → 4 are sent at 100 ms spacing (one
+    // at once, three queued), 4 are refused.
+    let statuses: Vec<u16> = futures_util::future::join_all(
+        (0..8).map(|_| c.get(format!("{}/shaped", proxy.url)).send()),
+    )
+    .await
+    .into_iter()
+    .map(|r| r.unwrap().status().as_u16())
+    .collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        4,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 4);
+    let mut at: Vec<Instant> = up
+        .arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| a.0 == "/shaped")
+        .map(|a| a.1)
+        .collect();
+    at.sort();
+    let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    // The queue drains at the configured rate: consecutive arrivals ~100 ms apart
+    // (never much closer; scheduling can only make them later).
+    assert!(gaps.iter().all(|&g| g >= 90), "{gaps:?}");
+    assert!((at[3] - at[0]).as_millis() >= 280, "{gaps:?}");
+}
+
+#[tokio::test]
+async fn upstream_failures_answer_502_and_504() {
+    // Nothing listens on the upstream's port.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let dir = tempdir("bad-gateway");
+    std::fs::write(dir.join("edge.yaml"), EDGE).unwrap();
+    let proxy = Proxy::start(&dir, &format!("http://{dead_addr}"), &[]).await;
+    let r = reqwest::get(format!("{}/public", proxy.url)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], 502);
+
+    let (_up, slow) = gateway("timeout", &["--upstream-timeout", "300ms"]).await;
+    let started = Instant::now();
+    let r = reqwest::get(format!("{}/hang", slow.url)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

@@ -1,0 +1,44 @@
+//! The HTTP gateway pieces (feature `tower`): [`RateLimitLayer`] for tower, axum and
+//! hyper services, and what `tollgate proxy` is built from.
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, sync::Arc};
+//! use tollgate::http::RateLimitLayer;
+//! use tollgate::limiter::Limiter;
+//! use tollgate::rules::{LoadOptions, Rules};
+//! use tollgate::store::MemoryStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Rules and their `http` section (routes, actions) from the same files.
+//! let rules = Rules::load(vec!["examples/gateway.yaml".into()], LoadOptions::default())?;
+//! let limiter = Arc::new(Limiter::new(Arc::new(rules), MemoryStore::new()));
+//! let app = axum::Router::new()
+//!     .route("/api/hello", axum::routing::get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(limiter)?);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! // The client's address comes from the connection (and trusted proxies' headers).
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`config`]: the `http` section of a rule file (routes, actions, trusted proxies,
+//!   allow and deny lists, concurrency limits, fallbacks).
+//! - [`actions`]: descriptors from a request, in Envoy's action vocabulary.
+//! - [`client_ip`]: the client address through trusted proxies only.
+//! - [`headers`]: `RateLimit-Policy`, `RateLimit`, `Retry-After`, legacy
+//!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
+//! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`]; `body.rs` holds
+//!   concurrency permits until the response body ends.
+
+pub mod actions;
+mod body;
+pub mod client_ip;
+pub mod config;
+pub mod headers;
+mod layer;
+mod service;
+
+pub use client_ip::client_ip;
+pub use config::HttpRules;
+pub use layer::RateLimitLayer;
+pub use service::RateLimit;

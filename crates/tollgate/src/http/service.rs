@@ -1,0 +1,330 @@
+//! [`RateLimit`]: the tower service a [`RateLimitLayer`](super::RateLimitLayer) builds.
+//!
+//! For each request and each `http` section (one per rule domain): the client address
+//! (through trusted proxies only), the deny list (403), the first matching route (none:
+//! not limited), the allow list (not limited), the route's concurrency permits, then
+//! one all-or-nothing [`Limiter::check`](crate::limiter::Limiter::check) of the route's
+//! descriptors. Rejected: 429 with `Retry-After`, `RateLimit-Policy`, `RateLimit` and
+//! a problem body, or the route's fallback. Admitted: a leaky bucket in queue mode
+//! delays the request (shaping), the inner service answers, and the RateLimit fields
+//! are added; permits are held until the response body ends or the client goes away.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+
+use super::actions::{descriptor, RequestView};
+use super::body::PermitBody;
+use super::client_ip::client_ip;
+use super::config::{AccessList, Fallback, HttpRules};
+use super::headers::{headers, problem_body};
+use super::layer::Gate;
+use crate::inflight::{InFlight, Permit};
+use crate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
+use crate::store::Store;
+
+/// A service limited by a [`RateLimitLayer`](super::RateLimitLayer).
+pub struct RateLimit<Svc, S, I> {
+    pub(crate) inner: Svc,
+    pub(crate) gate: Arc<Gate<S, I>>,
+}
+
+impl<Svc: Clone, S, I> Clone for RateLimit<Svc, S, I> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            gate: Arc::clone(&self.gate),
+        }
+    }
+}
+
+/// What the gate decided for a request before it reaches the inner service.
+enum Verdict {
+    /// Forward, after `delay`, adding `headers`, holding `permits`.
+    Pass {
+        delay: Duration,
+        headers: Vec<(&'static str, String)>,
+        permits: Vec<Permit>,
+    },
+    /// Answer this instead.
+    Answer(Response<Body>),
+}
+
+impl<Svc, S, I, B> tower::Service<Request<B>> for RateLimit<Svc, S, I>
+where
+    Svc: tower::Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
+    Svc::Future: Send,
+    S: Store + 'static,
+    I: InFlight + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Svc::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Svc::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The clone that was made ready serves this call; the fresh one stays here.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gate = Arc::clone(&self.gate);
+        Box::pin(async move {
+            // Decided on the head alone (the body may not be Sync, and is not read).
+            let (parts, body) = request.into_parts();
+            let verdict = decide(&gate, &parts).await;
+            let request = Request::from_parts(parts, body);
+            match verdict {
+                Verdict::Answer(response) => Ok(response),
+                Verdict::Pass {
+                    delay,
+                    headers,
+                    permits,
+                } => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let mut response = inner.call(request).await?;
+                    add_headers(response.headers_mut(), &headers);
+                    if permits.is_empty() {
+                        return Ok(response);
+                    }
+                    let (parts, body) = response.into_parts();
+                    Ok(Response::from_parts(
+                        parts,
+                        Body::new(PermitBody::new(body, permits)),
+                    ))
+                }
+            }
+        })
+    }
+}
+
+/// The peer address axum (`into_make_service_with_connect_info`) or the caller put in
+/// the request's extensions; unspecified when there is none.
+fn peer(request: &Parts) -> IpAddr {
+    let ext = &request.extensions;
+    ext.get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+        .or_else(|| ext.get::<SocketAddr>().map(SocketAddr::ip))
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Verdict {
+    let sections = gate.sections();
+    let peer = peer(request);
+    let (mut delay, mut out_headers, mut permits) = (Duration::ZERO, Vec::new(), Vec::new());
+    for section in sections.iter() {
+        let client = client_ip(peer, &request.headers, &section.trusted_proxies);
+        let view = RequestView {
+            method: &request.method,
+            path: request.uri.path(),
+            query: request.uri.query(),
+            headers: &request.headers,
+            client,
+        };
+        if listed(&section.deny, &view, section) {
+            return Verdict::Answer(forbidden());
+        }
+        let Some(route) = section.routes.iter().find(|r| r.matches(&view)) else {
+            continue;
+        };
+        if listed(&section.allow, &view, section) {
+            continue;
+        }
+        for limit in &route.max_in_flight {
+            let Some(entries) = descriptor(&limit.actions, &view) else {
+                continue;
+            };
+            let key = inflight_key(&section.domain, &entries);
+            match gate.inflight.acquire(&key, limit.limit).await {
+                Ok(Some(permit)) => permits.push(permit),
+                Ok(None) => return Verdict::Answer(too_many_in_flight(limit.limit)),
+                Err(e) => {
+                    // Concurrency limits fail open: the rate limits still apply.
+                    tracing::warn!(error = %e, "in-flight permits unavailable; admitting");
+                }
+            }
+        }
+        let descriptors: Vec<Descriptor> = route
+            .rate_limits
+            .iter()
+            .filter_map(|r| descriptor(&r.actions, &view))
+            .map(|entries| Descriptor {
+                entries,
+                ..Descriptor::default()
+            })
+            .collect();
+        if descriptors.is_empty() {
+            continue;
+        }
+        let check = RateLimitRequest {
+            domain: section.domain.clone(),
+            descriptors,
+            hits_addend: 1,
+        };
+        let response = match gate.limiter.check(&check).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "the gateway built a request the limiter refused");
+                return Verdict::Answer(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal Server Error",
+                    "the gateway could not check this request",
+                ));
+            }
+        };
+        let fields = headers(&response, gate.headers);
+        if response.overall == Code::OverLimit {
+            return Verdict::Answer(match &route.fallback {
+                Some(f) => fallback(f, &fields),
+                None => over_limit(&response, &fields),
+            });
+        }
+        delay = delay.max(Duration::from_nanos(
+            response.statuses.iter().map(|s| s.delay).max().unwrap_or(0),
+        ));
+        out_headers.extend(fields);
+    }
+    Verdict::Pass {
+        delay,
+        headers: out_headers,
+        permits,
+    }
+}
+
+/// Whether the client address or a value the route's actions would build is listed.
+fn listed(list: &AccessList, view: &RequestView<'_>, section: &HttpRules) -> bool {
+    if list.is_empty() {
+        return false;
+    }
+    if list.cidrs.iter().any(|n| n.contains(&view.client)) {
+        return true;
+    }
+    if list.values.is_empty() {
+        return false;
+    }
+    section
+        .routes
+        .iter()
+        .filter(|r| r.matches(view))
+        .flat_map(|r| {
+            r.rate_limits
+                .iter()
+                .map(|l| &l.actions)
+                .chain(r.max_in_flight.iter().map(|m| &m.actions))
+        })
+        .filter_map(|actions| descriptor(actions, view))
+        .flatten()
+        .any(|(k, v)| list.values.get(&k).is_some_and(|vs| vs.contains(&v)))
+}
+
+/// The permit key of a descriptor: domain and entries, each length-prefixed so that no
+/// value can make two descriptors collide.
+fn inflight_key(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(64);
+    for part in std::iter::once(domain).chain(entries.iter().flat_map(|(k, v)| [&**k, &**v])) {
+        key.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        key.extend_from_slice(part.as_bytes());
+    }
+    key
+}
+
+fn add_headers(map: &mut HeaderMap, fields: &[(&'static str, String)]) {
+    for (name, value) in fields {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            map.append(HeaderName::from_static(lower(name)), v);
+        }
+    }
+}
+
+/// `HeaderName::from_static` wants lower case; the header module's names are fixed.
+fn lower(name: &'static str) -> &'static str {
+    match name {
+        "RateLimit-Policy" => "ratelimit-policy",
+        "RateLimit" => "ratelimit",
+        "Retry-After" => "retry-after",
+        "X-RateLimit-Limit" => "x-ratelimit-limit",
+        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
+        "X-RateLimit-Reset" => "x-ratelimit-reset",
+        _ => "x-tollgate-unknown",
+    }
+}
+
+fn json_response(
+    status: StatusCode,
+    body: Vec<u8>,
+    fields: &[(&'static str, String)],
+) -> Response<Body> {
+    let mut response = Response::new(Body::from(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    add_headers(response.headers_mut(), fields);
+    response
+}
+
+fn over_limit(response: &RateLimitResponse, fields: &[(&'static str, String)]) -> Response<Body> {
+    json_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        problem_body(response),
+        fields,
+    )
+}
+
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    json_response(status, body.to_string().into_bytes(), &[])
+}
+
+fn forbidden() -> Response<Body> {
+    problem(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        "the client or its key is on the gateway's deny list",
+    )
+}
+
+fn too_many_in_flight(limit: u64) -> Response<Body> {
+    let mut r = problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too Many Requests",
+        &format!("at most {limit} requests may be in flight at once for this client"),
+    );
+    r.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+fn fallback(f: &Fallback, fields: &[(&'static str, String)]) -> Response<Body> {
+    let mut response = Response::new(Body::from(f.body.clone()));
+    *response.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
+    let content_type = f
+        .content_type
+        .as_deref()
+        .and_then(|c| HeaderValue::from_str(c).ok())
+        .unwrap_or(HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, content_type);
+    add_headers(response.headers_mut(), fields);
+    response
+}
