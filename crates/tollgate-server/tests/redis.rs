@@ -411,3 +411,58 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
         "{metrics}"
     );
 }
+
+/// Two gateways on one Redis: one limit, one set of concurrency permits (leases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_share_limits_and_permits() {
+    use support::upstream::{raw_get, start_upstream};
+    use support::Proxy;
+    let redis = RedisServer::start();
+    let (_up, upstream) = start_upstream().await;
+    let dir = tempdir("gateways-redis");
+    std::fs::write(
+        dir.join("edge.yaml"),
+        "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+http:
+  routes:
+    - match: {path_prefix: /api/}
+      rate_limits:
+        - actions: [{remote_address: {}}]
+    - match: {path_prefix: /stream}
+      max_in_flight:
+        - actions: [{remote_address: {}}]
+          limit: 1
+",
+    )
+    .unwrap();
+    let url = redis.url();
+    let upstream = format!("http://{upstream}");
+    let args = ["--store", url.as_str(), "--redis-deadline", "500ms"];
+    let a = Proxy::start(&dir, &upstream, &args).await;
+    let b = Proxy::start(&dir, &upstream, &args).await;
+    let c = reqwest::Client::new();
+    let mut admitted = 0;
+    for i in 0..10 {
+        let p = if i % 2 == 0 { &a } else { &b };
+        let r = c.get(format!("{}/api/x", p.url)).send().await.unwrap();
+        admitted += usize::from(r.status() == 200);
+    }
+    assert_eq!(admitted, 5, "one limit across both gateways");
+    let (code, held) = raw_get(&a.addr, "/stream").await;
+    assert_eq!(code, 200);
+    let (code, _) = raw_get(&b.addr, "/stream").await;
+    assert_eq!(code, 429, "the other gateway sees the permit taken");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, _) = raw_get(&b.addr, "/stream").await;
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the lease was never released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different part
 
+pub mod upstream;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

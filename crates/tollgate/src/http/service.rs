@@ -8,6 +8,9 @@
 //! a problem body, or the route's fallback. Admitted: a leaky bucket in queue mode
 //! delays the request (shaping), the inner service answers, and the RateLimit fields
 //! are added; permits are held until the response body ends or the client goes away.
+//!
+//! The inner service may answer with any body (axum's, hyper's `Incoming`, tonic's);
+//! the layer answers with [`axum::body::Body`].
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -59,13 +62,15 @@ enum Verdict {
     Answer(Response<Body>),
 }
 
-impl<Svc, S, I, B> tower::Service<Request<B>> for RateLimit<Svc, S, I>
+impl<Svc, S, I, B, ResBody> tower::Service<Request<B>> for RateLimit<Svc, S, I>
 where
-    Svc: tower::Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
+    Svc: tower::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     Svc::Future: Send,
     S: Store + 'static,
     I: InFlight + 'static,
     B: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
 {
     type Response = Response<Body>;
     type Error = Svc::Error;
@@ -97,10 +102,11 @@ where
                     }
                     let mut response = inner.call(request).await?;
                     add_headers(response.headers_mut(), &headers);
-                    if permits.is_empty() {
-                        return Ok(response);
-                    }
                     let (parts, body) = response.into_parts();
+                    let body = Body::new(body);
+                    if permits.is_empty() {
+                        return Ok(Response::from_parts(parts, body));
+                    }
                     Ok(Response::from_parts(
                         parts,
                         Body::new(PermitBody::new(body, permits)),

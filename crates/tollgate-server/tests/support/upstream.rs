@@ -1,0 +1,71 @@
+//! A real upstream for gateway tests: records each request's path, arrival and
+//! X-Forwarded-For; `/stream` sends a chunk every 20 ms until the client goes away;
+//! `/hang` never answers.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What the upstream saw of one request: path, arrival, X-Forwarded-For.
+pub type Arrival = (String, Instant, Option<String>);
+
+#[derive(Clone, Default)]
+pub struct Upstream {
+    pub arrivals: Arc<Mutex<Vec<Arrival>>>,
+}
+
+pub async fn upstream_handler(State(up): State<Upstream>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let xff = req
+        .headers()
+        .get("x-forwarded-for")
+        .map(|v| v.to_str().unwrap().to_string());
+    up.arrivals
+        .lock()
+        .unwrap()
+        .push((path.clone(), Instant::now(), xff.clone()));
+    if path.starts_with("/stream") {
+        let chunks = futures_util::stream::unfold(0u64, |n| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some((Ok::<_, std::io::Error>(format!("chunk {n}\n")), n + 1))
+        });
+        return Response::new(Body::from_stream(chunks));
+    }
+    if path.starts_with("/hang") {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    Response::new(Body::from(format!("upstream saw {path}")))
+}
+
+pub async fn start_upstream() -> (Upstream, SocketAddr) {
+    let up = Upstream::default();
+    let app = axum::Router::new()
+        .fallback(upstream_handler)
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (up, addr)
+}
+
+/// Sends a raw GET and returns the status line's code and the open stream.
+pub async fn raw_get(addr: &str, path: &str) -> (u16, tokio::net::TcpStream) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, s)
+}

@@ -1,0 +1,109 @@
+//! `RateLimitLayer` on an axum router, called without a socket (`oneshot`, the peer
+//! address put in the request as axum's `ConnectInfo` would): routes, headers, and the
+//! `http` section following the rule files' hot reload.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::{Request, StatusCode};
+use tollgate::http::RateLimitLayer;
+use tollgate::limiter::Limiter;
+use tollgate::rules::{LoadOptions, Rules};
+use tollgate::store::MemoryStore;
+use tower::ServiceExt;
+
+fn rules_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-layer-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("edge.yaml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn rules_for(path_prefix: &str) -> String {
+    format!(
+        "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {{unit: minute, requests_per_unit: 1, name: per_ip}}
+http:
+  routes:
+    - match: {{path_prefix: {path_prefix}}}
+      rate_limits:
+        - actions: [{{remote_address: {{}}}}]
+"
+    )
+}
+
+async fn status(app: &axum::Router, path: &str, peer: &str) -> (StatusCode, Option<String>) {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    let peer: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    let r = app.clone().oneshot(req).await.unwrap();
+    let legacy = r
+        .headers()
+        .get("x-ratelimit-remaining")
+        .map(|v| v.to_str().unwrap().to_string());
+    (r.status(), legacy)
+}
+
+#[tokio::test]
+async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
+    let file = rules_file("reload", &rules_for("/a"));
+    let rules = Arc::new(Rules::load(vec![file.clone()], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(Arc::clone(&rules), MemoryStore::new()));
+    let layer = RateLimitLayer::new(limiter)
+        .unwrap()
+        .with_legacy_headers(true);
+    let app = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
+
+    assert_eq!(
+        status(&app, "/a", "192.0.2.1:5").await,
+        (StatusCode::OK, Some("0".into()))
+    );
+    assert_eq!(
+        status(&app, "/a", "192.0.2.1:6").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, "/a", "192.0.2.2:5").await.0,
+        StatusCode::OK,
+        "per client"
+    );
+    assert_eq!(
+        status(&app, "/b", "192.0.2.1:5").await,
+        (StatusCode::OK, None)
+    );
+
+    // The route moves to /b: the layer reads the section again with the new rules.
+    std::fs::write(&file, rules_for("/b")).unwrap();
+    rules.reload().unwrap();
+    assert_eq!(status(&app, "/a", "192.0.2.3:5").await.0, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/a", "192.0.2.3:5").await.0,
+        StatusCode::OK,
+        "/a is free now"
+    );
+    assert_eq!(status(&app, "/b", "192.0.2.3:5").await.0, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/b", "192.0.2.3:5").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Valid rules with a broken http section: the rules reload, the routes stay.
+    let broken = rules_for("/c").replace("path_prefix", "path_prefx");
+    std::fs::write(&file, broken).unwrap();
+    rules.reload().unwrap();
+    assert_eq!(status(&app, "/b", "192.0.2.4:5").await.0, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/b", "192.0.2.4:5").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&app, "/c", "192.0.2.4:5").await.0, StatusCode::OK);
+    assert_eq!(status(&app, "/c", "192.0.2.4:5").await.0, StatusCode::OK);
+}
