@@ -21,6 +21,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The client's address comes from the request's `ConnectInfo<SocketAddr>` (axum's
+//! `into_make_service_with_connect_info`) or a `SocketAddr` extension; without either,
+//! every request counts as `0.0.0.0` (one shared `remote_address` key).
+//!
 //! - [`config`]: the `http` section of a rule file (routes, actions, trusted proxies,
 //!   allow and deny lists, concurrency limits, fallbacks).
 //! - [`actions`]: descriptors from a request, in Envoy's action vocabulary.
