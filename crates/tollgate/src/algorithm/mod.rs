@@ -1,7 +1,7 @@
 //! The rate limiting algorithms: pure functions of (parameters, state, now, cost).
 //!
 //! Nothing here reads a clock or does I/O. Each algorithm takes its state by `&mut`,
-//! the current time and the request's cost, and returns a [`Decision`]. The state is
+//! the current time and the request's cost, and returns a [`Decision`](crate::Decision). The state is
 //! changed only when the request is admitted (a rejected request charges nothing); the
 //! one exception is [`Lockout`], whose whole job is to remember a rejection.
 //!

@@ -18,7 +18,7 @@ pub struct RequestView<'a> {
     pub query: Option<&'a str>,
     /// The headers.
     pub headers: &'a HeaderMap,
-    /// The client's address (see [`client_ip`](super::client_ip)).
+    /// The client's address (see [`client_ip`](super::client_ip())).
     pub client: IpAddr,
 }
 

@@ -28,7 +28,7 @@
 //! - [`config`]: the `http` section of a rule file (routes, actions, trusted proxies,
 //!   allow and deny lists, concurrency limits, fallbacks).
 //! - [`actions`]: descriptors from a request, in Envoy's action vocabulary.
-//! - [`client_ip`]: the client address through trusted proxies only.
+//! - [`client_ip`](mod@client_ip): the client address through trusted proxies only.
 //! - [`headers`]: `RateLimit-Policy`, `RateLimit`, `Retry-After`, legacy
 //!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
 //! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`]; `body.rs` holds
