@@ -65,6 +65,7 @@ pub struct MemoryStore {
     hasher: ahash::RandomState,
     max_per_shard: usize,
     evictions: AtomicU64,
+    monotonic: bool,
 }
 
 /// Builds a [`MemoryStore`].
@@ -72,6 +73,7 @@ pub struct MemoryStore {
 pub struct MemoryStoreBuilder {
     max_keys: usize,
     shards: usize,
+    monotonic: bool,
 }
 
 /// Counters describing a [`MemoryStore`].
@@ -89,6 +91,8 @@ struct Shard {
     logs: HashMap<u64, LogState, Fingerprint>,
     blocks: HashMap<u64, Nanos, Fingerprint>,
     sweep_at: usize,
+    /// The latest "now" a decision in this shard was made at (see `monotonic`).
+    latest: Nanos,
 }
 
 /// Fingerprints are already uniform hashes; the tables use them as they are.
@@ -131,6 +135,7 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_keys: 10_000_000,
             shards: 64,
+            monotonic: true,
         }
     }
 
@@ -138,7 +143,22 @@ impl MemoryStore {
     pub fn check_one(&self, now: Nanos, check: &Check<'_>) -> Decision {
         let fp = self.fingerprint(check);
         let mut shard = self.shards[self.shard_of(fp)].lock();
+        let now = self.effective_now(&mut shard, now);
         self.decide(&mut shard, fp, check, now)
+    }
+
+    /// `now`, or with `monotonic`, no earlier than any decision already made in the
+    /// shard: a request whose clock read went stale while it waited (descheduled
+    /// between reading the clock and taking the lock) is decided at the latest time
+    /// seen, not rejected by the requests that overtook it. That time still lies
+    /// between the request's clock read and the moment it is decided.
+    fn effective_now(&self, shard: &mut Shard, now: Nanos) -> Nanos {
+        if !self.monotonic {
+            return now;
+        }
+        let now = now.max(shard.latest);
+        shard.latest = now;
+        now
     }
 
     /// Decides every check of one request at `now`, all-or-nothing (see [`Store::check`]).
@@ -152,6 +172,13 @@ impl MemoryStore {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.shards[i].lock())).collect();
+        let mut now = now;
+        for (_, g) in guards.iter_mut() {
+            now = self.effective_now(g, now);
+        }
+        for (_, g) in guards.iter_mut() {
+            g.latest = g.latest.max(now);
+        }
         let mut undo: Vec<Undo> = Vec::new();
         let mut decisions = Vec::with_capacity(checks.len());
         for (check, &fp) in checks.iter().zip(&fps) {
@@ -397,6 +424,17 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// Whether time may only move forward within a shard (default on): each decision
+    /// is made at `max(now, the latest now already used in its shard)`, so that
+    /// concurrent requests whose clock reads arrive out of order are not rejected by
+    /// a tight limit (a bucket's tolerance can be microseconds). Off: every decision is
+    /// made at exactly the `now` passed, as differential tests that replay a trace
+    /// with a clock stepping back need.
+    pub fn monotonic(mut self, monotonic: bool) -> Self {
+        self.monotonic = monotonic;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let shards = self.shards.clamp(1, 128).next_power_of_two();
@@ -418,6 +456,7 @@ impl MemoryStoreBuilder {
             },
             max_per_shard: self.max_keys.div_ceil(shards).max(1),
             evictions: AtomicU64::new(0),
+            monotonic: self.monotonic,
         }
     }
 }
