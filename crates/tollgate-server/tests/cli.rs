@@ -117,11 +117,31 @@ fn the_example_rule_files_are_valid() {
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let out = tollgate(&["validate", examples.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(
-        text(&out.stdout).lines().count(),
-        4,
-        "{}",
-        text(&out.stdout)
+    let stdout = text(&out.stdout);
+    // Five domains, and the gateway section of one of them.
+    assert_eq!(stdout.lines().count(), 6, "{stdout}");
+    assert!(
+        stdout.contains("ok: gateway section of `gateway`: 3 routes"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn validate_checks_the_gateway_section_with_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-http-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("edge.yaml");
+    std::fs::write(
+        &file,
+        "domain: edge\nhttp:\n  trusted_proxies: [10.0.0.0/8]\n  routes:\n    - match: {path_prefix: /}\n      rate_limits:\n        - actions: [{remote_adress: {}}]\n",
+    )
+    .unwrap();
+    let out = tollgate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:7:", file.display())) && err.contains("remote_adress"),
+        "{err}"
     );
 }
 
