@@ -21,7 +21,7 @@
 //! Nothing needs sweeping.
 
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 
 use super::{InFlight, Permit};
 use crate::store::Error;
+use crate::store::Fingerprint;
 
 /// Number of shards (a power of two).
 const SHARDS: usize = 16;
@@ -60,27 +61,6 @@ struct Shards {
 
 /// Permits held per fingerprint; a fingerprint with none held has no entry.
 type Counts = HashMap<u64, u64, Fingerprint>;
-
-/// Fingerprints are already uniform hashes; the tables use them as they are.
-type Fingerprint = BuildHasherDefault<IdentityHasher>;
-
-#[derive(Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 fingerprints are hashed; fold anything else in for completeness.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 /// One permit of a [`MemoryInFlight`]: gives it back when dropped.
 pub(super) struct Held {

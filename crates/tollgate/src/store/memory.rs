@@ -95,11 +95,13 @@ struct Shard {
     latest: Nanos,
 }
 
-/// Fingerprints are already uniform hashes; the tables use them as they are.
-type Fingerprint = BuildHasherDefault<IdentityHasher>;
+/// Fingerprints are already uniform hashes; the tables use them as they are (also
+/// used by `inflight::memory`).
+pub(crate) type Fingerprint = BuildHasherDefault<IdentityHasher>;
 
+/// The hasher behind [`Fingerprint`]: a `u64` hashes to itself.
 #[derive(Default)]
-struct IdentityHasher(u64);
+pub(crate) struct IdentityHasher(u64);
 
 impl Hasher for IdentityHasher {
     fn finish(&self) -> u64 {

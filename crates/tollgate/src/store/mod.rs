@@ -15,6 +15,7 @@ pub mod redis;
 
 use std::future::Future;
 
+pub(crate) use memory::Fingerprint;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
