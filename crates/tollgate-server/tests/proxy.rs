@@ -296,10 +296,11 @@ async fn a_queue_mode_leaky_bucket_spaces_requests_out_instead_of_refusing() {
         .collect();
     at.sort();
     let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
-    // The queue drains at the configured rate: consecutive arrivals ~100 ms apart
-    // (never much closer; scheduling can only make them later).
-    assert!(gaps.iter().all(|&g| g >= 90), "{gaps:?}");
-    assert!((at[3] - at[0]).as_millis() >= 280, "{gaps:?}");
+    // The queue drains at the configured rate: consecutive arrivals 100 ms apart
+    // (unshaped they would be a few ms apart). The margins leave room for a busy CI
+    // machine delaying one forward more than another.
+    assert!(gaps.iter().all(|&g| g >= 50), "{gaps:?}");
+    assert!((at[3] - at[0]).as_millis() >= 250, "{gaps:?}");
 }
 
 #[tokio::test]

@@ -639,12 +639,15 @@ fn requests_that_missed_their_deadline_are_not_charged_later() {
         .unwrap();
     server.pause(true);
     let timed_out = rt.block_on(async {
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let (store, l) = (store.clone(), l);
-                tokio::spawn(async move { store.check(0, &[Check::new(&l, "k", 1)]).await })
-            })
-            .collect();
+        let spawn = |_| {
+            let (store, l) = (store.clone(), l);
+            tokio::spawn(async move { store.check(0, &[Check::new(&l, "k", 1)]).await })
+        };
+        // The first request's call goes to the stopped Redis and occupies the one
+        // call in flight; the 49 after it wait in the queue behind it.
+        let mut tasks = vec![spawn(0)];
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tasks.extend((1..50).map(spawn));
         let mut timed_out = 0;
         for t in tasks {
             if matches!(t.await.unwrap(), Err(tollgate::store::Error::Timeout(_))) {
@@ -660,8 +663,8 @@ fn requests_that_missed_their_deadline_are_not_charged_later() {
         .block_on(store.check(0, &[Check::new(&l, "k", 0)]))
         .unwrap()[0]
         .remaining;
-    // The one call already written to the socket runs when Redis wakes up; the
-    // requests still queued were dropped.
+    // The one call already written to the socket runs when Redis wakes up (it
+    // holds the first request alone); the requests still queued were dropped.
     assert!(
         left >= 999,
         "{} requests that timed out were charged",
