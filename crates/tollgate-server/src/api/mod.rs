@@ -7,7 +7,7 @@ mod json;
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -15,7 +15,7 @@ use serde_json::json;
 use tollgate::limiter::{self, Code, RateLimitResponse};
 
 use crate::service::Service;
-use tollgate::http::headers::headers;
+use tollgate::http::headers::{append_to, headers};
 
 /// Every HTTP route.
 pub fn router(service: Arc<Service>) -> Router {
@@ -65,24 +65,6 @@ pub(crate) fn decided(
         StatusCode::OK
     };
     let mut map = HeaderMap::new();
-    for (name, value) in headers(response, service.headers) {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            map.append(HeaderName::from_static(static_lower(name)), value);
-        }
-    }
+    append_to(&mut map, &headers(response, service.headers));
     (status, map, axum::Json(body)).into_response()
-}
-
-/// Header names are written in their usual case in `headers`; HTTP/1 and HTTP/2 want
-/// them lower-case.
-fn static_lower(name: &'static str) -> &'static str {
-    match name {
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        "Retry-After" => "retry-after",
-        "X-RateLimit-Limit" => "x-ratelimit-limit",
-        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
-        "X-RateLimit-Reset" => "x-ratelimit-reset",
-        _ => "x-tollgate",
-    }
 }

@@ -120,6 +120,29 @@ pub fn headers(
     out
 }
 
+/// Appends `fields` (as [`headers`] returns them) to an HTTP header map. Values that
+/// are not valid header values (none that [`headers`] makes) are skipped.
+pub fn append_to(map: &mut http::HeaderMap, fields: &[(&'static str, String)]) {
+    for (name, value) in fields {
+        if let Ok(v) = http::HeaderValue::from_str(value) {
+            map.append(http::HeaderName::from_static(lower_case(name)), v);
+        }
+    }
+}
+
+/// `HeaderName::from_static` wants lower case; the names here are fixed.
+fn lower_case(name: &'static str) -> &'static str {
+    match name {
+        "RateLimit-Policy" => "ratelimit-policy",
+        "RateLimit" => "ratelimit",
+        "Retry-After" => "retry-after",
+        "X-RateLimit-Limit" => "x-ratelimit-limit",
+        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
+        "X-RateLimit-Reset" => "x-ratelimit-reset",
+        _ => "x-tollgate",
+    }
+}
+
 /// An RFC 9457 problem detail naming the violated policies, for OVER_LIMIT answers.
 pub fn problem_body(response: &RateLimitResponse) -> Vec<u8> {
     let violated: Vec<serde_json::Value> = response

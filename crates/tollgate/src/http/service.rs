@@ -23,13 +23,13 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 
 use super::actions::{descriptor, RequestView};
 use super::body::PermitBody;
 use super::client_ip::client_ip;
 use super::config::{AccessList, Fallback, HttpRules};
-use super::headers::{headers, problem_body};
+use super::headers::{append_to, headers, problem_body};
 use super::layer::Gate;
 use crate::inflight::{InFlight, Permit};
 use crate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
@@ -101,7 +101,7 @@ where
                         tokio::time::sleep(delay).await;
                     }
                     let mut response = inner.call(request).await?;
-                    add_headers(response.headers_mut(), &headers);
+                    append_to(response.headers_mut(), &headers);
                     let (parts, body) = response.into_parts();
                     let body = Body::new(body);
                     if permits.is_empty() {
@@ -247,27 +247,6 @@ fn inflight_key(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
     key
 }
 
-fn add_headers(map: &mut HeaderMap, fields: &[(&'static str, String)]) {
-    for (name, value) in fields {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            map.append(HeaderName::from_static(lower(name)), v);
-        }
-    }
-}
-
-/// `HeaderName::from_static` wants lower case; the header module's names are fixed.
-fn lower(name: &'static str) -> &'static str {
-    match name {
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        "Retry-After" => "retry-after",
-        "X-RateLimit-Limit" => "x-ratelimit-limit",
-        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
-        "X-RateLimit-Reset" => "x-ratelimit-reset",
-        _ => "x-tollgate-unknown",
-    }
-}
-
 fn json_response(
     status: StatusCode,
     body: Vec<u8>,
@@ -279,7 +258,7 @@ fn json_response(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    add_headers(response.headers_mut(), fields);
+    append_to(response.headers_mut(), fields);
     response
 }
 
@@ -331,6 +310,6 @@ fn fallback(f: &Fallback, fields: &[(&'static str, String)]) -> Response<Body> {
     response
         .headers_mut()
         .insert(http::header::CONTENT_TYPE, content_type);
-    add_headers(response.headers_mut(), fields);
+    append_to(response.headers_mut(), fields);
     response
 }
