@@ -143,6 +143,10 @@ pub struct ProxyArgs {
     /// Time for the upstream to send its response head; past it, 504.
     #[arg(long, env = "TOLLGATE_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
+    /// Worker threads, each with its own listener (`SO_REUSEPORT`) and upstream
+    /// connections; default: one per CPU.
+    #[arg(long, env = "TOLLGATE_PROXY_WORKERS")]
+    pub workers: Option<usize>,
     /// Lease of a concurrency permit kept in Redis (renewed while the request runs; a
     /// crashed instance's permits come back after it).
     #[arg(long, env = "TOLLGATE_PERMIT_LEASE", default_value = "30s", value_parser = parse_duration)]

@@ -94,6 +94,39 @@ struct Inner {
     /// Base path without trailing `/`; empty when the upstream has none.
     base_path: String,
     settings: ForwardSettings,
+    /// Throttles the failure log: an upstream that is down fails every request.
+    log: FailureLog,
+}
+
+/// At most one warning per second, with the number of failures it stands for.
+#[derive(Default)]
+struct FailureLog {
+    /// The second (since `start`) of the last warning.
+    last: std::sync::atomic::AtomicU64,
+    /// Failures since the last warning.
+    pending: std::sync::atomic::AtomicU64,
+    start: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl FailureLog {
+    /// How many failures the caller's warning should report (including this one), or
+    /// `None` when a warning went out less than a second ago.
+    fn admit(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.pending.fetch_add(1, Relaxed);
+        let start = self.start.get_or_init(std::time::Instant::now);
+        let second = start.elapsed().as_secs() + 1;
+        let last = self.last.load(Relaxed);
+        if last == second
+            || self
+                .last
+                .compare_exchange(last, second, Relaxed, Relaxed)
+                .is_err()
+        {
+            return None;
+        }
+        Some(self.pending.swap(0, Relaxed).max(1))
+    }
 }
 
 impl fmt::Debug for Upstream {
@@ -161,6 +194,7 @@ impl Upstream {
                 authority,
                 base_path,
                 settings,
+                log: FailureLog::default(),
             }),
         })
     }
@@ -177,7 +211,9 @@ impl Upstream {
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
-                tracing::warn!(upstream = %inner.authority, error = %detail, "cannot forward request");
+                if let Some(failures) = inner.log.admit() {
+                    tracing::warn!(upstream = %inner.authority, error = %detail, failures, "cannot forward request");
+                }
                 return problem(StatusCode::BAD_GATEWAY, &detail);
             }
         };
@@ -220,12 +256,15 @@ impl Upstream {
                         ),
                     )
                 };
-                tracing::warn!(
-                    upstream = %inner.authority,
-                    status = status.as_u16(),
-                    error = %chain,
-                    "upstream request failed"
-                );
+                if let Some(failures) = inner.log.admit() {
+                    tracing::warn!(
+                        upstream = %inner.authority,
+                        status = status.as_u16(),
+                        error = %chain,
+                        failures,
+                        "upstream request failed (failures: since the last warning, at most one a second)"
+                    );
+                }
                 problem(status, &detail)
             }
             Err(_elapsed) => {
@@ -233,12 +272,15 @@ impl Upstream {
                     "upstream {} sent no response within {:?}",
                     inner.authority, inner.settings.response_timeout
                 );
-                tracing::warn!(
-                    upstream = %inner.authority,
-                    status = 504,
-                    error = "response timeout",
-                    "upstream request failed"
-                );
+                if let Some(failures) = inner.log.admit() {
+                    tracing::warn!(
+                        upstream = %inner.authority,
+                        status = 504,
+                        error = "response timeout",
+                        failures,
+                        "upstream request failed (failures: since the last warning, at most one a second)"
+                    );
+                }
                 problem(StatusCode::GATEWAY_TIMEOUT, &detail)
             }
         }
@@ -452,6 +494,20 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failing_upstream_is_logged_at_most_once_a_second_with_a_count() {
+        let log = FailureLog::default();
+        assert_eq!(log.admit(), Some(1));
+        let quiet = (0..1_000).filter(|_| log.admit().is_some()).count();
+        assert_eq!(quiet, 0, "no warning within the same second");
+        std::thread::sleep(std::time::Duration::from_millis(1_100));
+        assert_eq!(
+            log.admit(),
+            Some(1_001),
+            "the next one counts what was held back"
+        );
+    }
+
     use super::*;
 
     use std::time::Instant;
