@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
-use support::upstream::{raw_get, start_upstream, Upstream};
+use support::upstream::{raw_get, start_upstream, wait_for_200, Upstream};
 use support::{tempdir, Proxy};
 use tokio::io::AsyncReadExt;
 
@@ -256,15 +256,7 @@ async fn a_permit_comes_back_when_the_client_goes_away_mid_response() {
     assert_eq!(code, 429);
     drop(first);
     // The first client hung up mid-body: its permit is released.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (code, _) = raw_get(&proxy.addr, "/stream").await;
-        if code == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the permit never came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_200(&proxy.addr, "/stream", "the permit never came back").await;
 }
 
 #[tokio::test]

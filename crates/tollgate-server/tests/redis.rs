@@ -415,7 +415,7 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
 /// Two gateways on one Redis: one limit, one set of concurrency permits (leases).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_one_redis_share_limits_and_permits() {
-    use support::upstream::{raw_get, start_upstream};
+    use support::upstream::{raw_get, start_upstream, wait_for_200};
     use support::Proxy;
     let redis = RedisServer::start();
     let (_up, upstream) = start_upstream().await;
@@ -456,13 +456,5 @@ http:
     let (code, _) = raw_get(&b.addr, "/stream").await;
     assert_eq!(code, 429, "the other gateway sees the permit taken");
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (code, _) = raw_get(&b.addr, "/stream").await;
-        if code == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the lease was never released");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_200(&b.addr, "/stream", "the lease was never released").await;
 }

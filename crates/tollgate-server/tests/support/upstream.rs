@@ -69,3 +69,17 @@ pub async fn raw_get(addr: &str, path: &str) -> (u16, tokio::net::TcpStream) {
         .unwrap_or(0);
     (code, s)
 }
+
+/// Sends `GET path` to `addr` every 50 ms until it answers 200; panics with `what`
+/// after 5 s (e.g. a concurrency permit that is never given back).
+pub async fn wait_for_200(addr: &str, path: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, _) = raw_get(addr, path).await;
+        if code == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
