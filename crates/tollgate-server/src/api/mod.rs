@@ -65,6 +65,6 @@ pub(crate) fn decided(
         StatusCode::OK
     };
     let mut map = HeaderMap::new();
-    append_to(&mut map, &headers(response, service.headers));
+    append_to(&mut map, headers(response, service.headers));
     (status, map, axum::Json(body)).into_response()
 }

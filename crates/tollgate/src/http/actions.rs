@@ -44,7 +44,7 @@ pub fn descriptor(actions: &[Action], req: &RequestView<'_>) -> Option<Vec<(Stri
     for action in actions {
         match action {
             Action::RemoteAddress {} => {
-                entries.push(("remote_address".to_string(), req.client.to_string()))
+                entries.push(("remote_address".to_string(), ip_text(req.client)))
             }
             Action::RequestHeaders {
                 header_name,
@@ -142,10 +142,45 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The address as text, as `Display` writes it; IPv4 without the formatting machinery
+/// (this runs for every request of a `remote_address` route).
+fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut out = String::with_capacity(15);
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+            out
+        }
+        IpAddr::V6(_) => ip.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::http::config::from_str;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn ip_text_writes_what_display_writes(a: u8, b: u8, c: u8, d: u8, v6: u128) {
+            let v4 = IpAddr::from([a, b, c, d]);
+            prop_assert_eq!(ip_text(v4), v4.to_string());
+            let v6 = IpAddr::from(std::net::Ipv6Addr::from(v6));
+            prop_assert_eq!(ip_text(v6), v6.to_string());
+        }
+    }
 
     #[test]
     fn actions_build_envoy_style_descriptors() {

@@ -101,7 +101,7 @@ where
                         tokio::time::sleep(delay).await;
                     }
                     let mut response = inner.call(request).await?;
-                    append_to(response.headers_mut(), &headers);
+                    append_to(response.headers_mut(), headers);
                     let (parts, body) = response.into_parts();
                     let body = Body::new(body);
                     if permits.is_empty() {
@@ -194,8 +194,8 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
         let fields = headers(&response, gate.headers);
         if response.overall == Code::OverLimit {
             return Verdict::Answer(match &route.fallback {
-                Some(f) => fallback(f, &fields),
-                None => over_limit(&response, &fields),
+                Some(f) => fallback(f, fields),
+                None => over_limit(&response, fields),
             });
         }
         delay = delay.max(Duration::from_nanos(
@@ -250,7 +250,7 @@ fn inflight_key(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
 fn json_response(
     status: StatusCode,
     body: Vec<u8>,
-    fields: &[(&'static str, String)],
+    fields: Vec<(&'static str, String)>,
 ) -> Response<Body> {
     let mut response = Response::new(Body::from(Bytes::from(body)));
     *response.status_mut() = status;
@@ -262,7 +262,7 @@ fn json_response(
     response
 }
 
-fn over_limit(response: &RateLimitResponse, fields: &[(&'static str, String)]) -> Response<Body> {
+fn over_limit(response: &RateLimitResponse, fields: Vec<(&'static str, String)>) -> Response<Body> {
     json_response(
         StatusCode::TOO_MANY_REQUESTS,
         problem_body(response),
@@ -277,7 +277,7 @@ fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
         "status": status.as_u16(),
         "detail": detail,
     });
-    json_response(status, body.to_string().into_bytes(), &[])
+    json_response(status, body.to_string().into_bytes(), Vec::new())
 }
 
 fn forbidden() -> Response<Body> {
@@ -299,7 +299,7 @@ fn too_many_in_flight(limit: u64) -> Response<Body> {
     r
 }
 
-fn fallback(f: &Fallback, fields: &[(&'static str, String)]) -> Response<Body> {
+fn fallback(f: &Fallback, fields: Vec<(&'static str, String)>) -> Response<Body> {
     let mut response = Response::new(Body::from(f.body.clone()));
     *response.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
     let content_type = f
