@@ -54,7 +54,7 @@ admitted_rate="${ADMITTED_RATE:-10000000}"
 admitted_burst="${ADMITTED_BURST:-1000}"
 limited_rate="${LIMITED_RATE:-1000}"
 limited_burst="${LIMITED_BURST:-100}"
-# The peer nginx gets 2 workers: tollgate runs a multi-threaded runtime that uses both
+# The peer nginx gets 2 workers: tollgate runs one worker thread per core (--workers), using both
 # cores of this machine, so a 1-worker nginx (one core at most) would be handicapped.
 nginx_workers="${NGINX_WORKERS:-2}"
 # The upstream is the same for every target; 1 worker as specified for this benchmark.

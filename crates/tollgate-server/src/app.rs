@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 use crate::cli::{CommonArgs, LogFormat, ServeArgs};
 use crate::metrics::Metrics;
 use crate::service::Service;
-use crate::{api, grpc};
+use crate::{api, grpc, workers};
 use tollgate::http::headers::HeaderSettings;
 
 /// How often the in-memory store drops states that are fresh again.
@@ -33,7 +33,8 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// The multi-threaded runtime both servers run on.
+/// The multi-threaded runtime of the acceptors, the store's background tasks (Redis
+/// connections, sweeps) and the signals; requests are served by [`workers`].
 pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -171,54 +172,57 @@ async fn run(args: ServeArgs) -> ExitCode {
     let grpc_addr = grpc_listener.local_addr().map_or(args.grpc_listen, |a| a);
     let http_addr = http_listener.local_addr().map_or(args.http_listen, |a| a);
 
+    // Each worker serves its share of the gRPC and of the HTTP connections.
+    let count = workers::count(args.common.workers);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (grpc_senders, grpc_receivers) = workers::channels(count);
+    let (http_senders, http_receivers) = workers::channels(count);
+    let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
+    let done = workers::spawn("tollgate-serve", inputs, {
+        let (service, stop) = (Arc::clone(&service), stop_rx.clone());
+        move |(grpc, http)| serve_worker(Arc::clone(&service), grpc, http, stop.clone())
+    });
+    let done = match done {
+        Ok(d) => d,
+        Err(e) => {
+            error!("cannot start a worker thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
-    let grpc = tokio::spawn({
-        let service = Arc::clone(&service);
-        let stop = stopped(stop_rx.clone());
-        async move {
-            tonic::transport::Server::builder()
-                .add_service(grpc::rls::server(service))
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(grpc_listener)
-                        .with_nodelay(Some(true)),
-                    stop,
-                )
-                .await
-        }
-    });
-    let http = tokio::spawn({
-        let router = api::router(Arc::clone(&service));
-        let stop = stopped(stop_rx.clone());
-        async move {
-            axum::serve(http_listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-        }
-    });
+    let acceptors = [
+        tokio::spawn(workers::distribute(
+            grpc_listener,
+            grpc_senders,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(workers::distribute(http_listener, http_senders, stop_rx)),
+    ];
 
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = store_name, "tollgate serving");
+    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
     service.set_ready(false);
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(args.common.drain_timeout, async {
-        let (g, h) = tokio::join!(grpc, http);
-        (g, h)
+        for acceptor in acceptors {
+            let _ = acceptor.await;
+        }
+        workers::join(done).await
     })
     .await;
     sweeper.abort();
     match drained {
-        Ok((Ok(Ok(())), Ok(Ok(())))) => {
+        Ok(failed) if failed.is_empty() => {
             info!("drained; bye");
             ExitCode::SUCCESS
         }
-        Ok((g, h)) => {
-            error!(grpc = ?g.map(|r| r.map_err(|e| e.to_string())), http = ?h.map(|r| r.map_err(|e| e.to_string())), "a listener failed");
+        Ok(failed) => {
+            error!(errors = ?failed, "a listener failed");
             ExitCode::FAILURE
         }
         Err(_) => {
@@ -226,6 +230,22 @@ async fn run(args: ServeArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
+/// the acceptors hand it, until `stop`; then both drain.
+async fn serve_worker(
+    service: Arc<Service>,
+    grpc: mpsc::UnboundedReceiver<workers::Accepted>,
+    http: mpsc::UnboundedReceiver<workers::Accepted>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let grpc = tonic::transport::Server::builder()
+        .add_service(grpc::rls::server(Arc::clone(&service)))
+        .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop.clone()));
+    let http = workers::serve_http(http, api::router(service), stop);
+    let (grpc, ()) = tokio::join!(grpc, http);
+    grpc.map_err(|e| format!("gRPC: {e}"))
 }
 
 /// Resolves when `stop` turns true.

@@ -123,6 +123,11 @@ pub struct CommonArgs {
     /// How long SIGTERM waits for in-flight calls before exiting anyway.
     #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// Worker threads serving the connections, each with its own single-threaded
+    /// runtime; new connections go to them in turn (and the gateway's upstream
+    /// connections are per worker). Default: one per CPU.
+    #[arg(long, env = "TOLLGATE_WORKERS")]
+    pub workers: Option<usize>,
 }
 
 /// Settings of `tollgate proxy`; every flag also reads a `TOLLGATE_*` variable.
@@ -143,10 +148,6 @@ pub struct ProxyArgs {
     /// Time for the upstream to send its response head; past it, 504.
     #[arg(long, env = "TOLLGATE_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
-    /// Worker threads, each with its own listener (`SO_REUSEPORT`) and upstream
-    /// connections; default: one per CPU.
-    #[arg(long, env = "TOLLGATE_PROXY_WORKERS")]
-    pub workers: Option<usize>,
     /// Lease of a concurrency permit kept in Redis (renewed while the request runs; a
     /// crashed instance's permits come back after it).
     #[arg(long, env = "TOLLGATE_PERMIT_LEASE", default_value = "30s", value_parser = parse_duration)]

@@ -1,13 +1,13 @@
 //! The composition root of `tollgate proxy`: rules and store (as `serve` builds them) →
-//! [`RateLimitLayer`] over the [`Upstream`] forwarder → `--workers` threads, each with
-//! its own single-threaded runtime, `SO_REUSEPORT` listener and upstream pool (the
-//! limiter, its store and the permits are shared by all).
+//! [`RateLimitLayer`] over the [`Upstream`] forwarder → `--workers` threads (see
+//! [`crate::workers`]), each with its own single-threaded runtime, its share of the
+//! connections and its own upstream pool (the limiter, its store and the permits are
+//! shared by all).
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate::http::RateLimitLayer;
 use tollgate::inflight::{InFlight, MemoryInFlight, Permit, RedisInFlight};
@@ -16,9 +16,9 @@ use tower::Layer;
 use tracing::{error, info, warn};
 
 use super::forward::{ForwardSettings, Upstream};
-use crate::app::{core, init_logging, runtime, shutdown_signal, stopped, Core};
+use crate::app::{core, init_logging, runtime, shutdown_signal, Core};
 use crate::cli::ProxyArgs;
-use crate::store::AnyStore;
+use crate::workers;
 
 /// Runs the gateway until SIGTERM or SIGINT, then drains.
 pub fn run(args: ProxyArgs) -> ExitCode {
@@ -98,131 +98,57 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let workers = args
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
-        .max(1);
-    let (listeners, addr) = match listeners(args.listen, workers) {
+    let count = workers::count(args.common.workers);
+    let listener = match TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
             error!(addr = %args.listen, "cannot listen: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let addr = listener.local_addr().map_or(args.listen, |a| a);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut done = Vec::with_capacity(workers);
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        done.push(rx);
-        let worker = Worker {
-            listener,
-            layer: layer.clone(),
-            upstream: args.upstream.clone(),
-            settings,
-            stop: stop_rx.clone(),
-        };
-        let spawned = std::thread::Builder::new()
-            .name(format!("tollgate-proxy-{i}"))
-            .spawn(move || {
-                let _ = tx.send(worker.run());
-            });
-        if let Err(e) = spawned {
+    let (senders, receivers) = workers::channels(count);
+    let done = workers::spawn("tollgate-proxy", receivers, {
+        let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
+        move |connections| {
+            let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
+            async move {
+                // Each worker has its own upstream connection pool.
+                let upstream = Upstream::new(&upstream, settings)?;
+                workers::serve_http(connections, layer.layer(upstream), stop).await;
+                Ok(())
+            }
+        }
+    });
+    let done = match done {
+        Ok(d) => d,
+        Err(e) => {
             error!("cannot start a worker thread: {e}");
             return ExitCode::FAILURE;
         }
-    }
-    info!(listen = %addr, upstream = %upstream.authority(), store = store_name, workers, "tollgate proxy serving");
+    };
+    let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
+    info!(listen = %addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
     let _ = stop_tx.send(true);
     let all = async {
-        let mut results = Vec::with_capacity(done.len());
-        for rx in done {
-            results.push(rx.await);
-        }
-        results
+        let _ = acceptor.await;
+        workers::join(done).await
     };
     match tokio::time::timeout(args.common.drain_timeout, all).await {
-        Ok(results) => {
-            let failed: Vec<String> = results
-                .into_iter()
-                .filter_map(|r| match r {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => Some("a worker thread stopped".into()),
-                })
-                .collect();
-            if failed.is_empty() {
-                info!("drained; bye");
-                ExitCode::SUCCESS
-            } else {
-                error!(errors = ?failed, "a listener failed");
-                ExitCode::FAILURE
-            }
+        Ok(failed) if failed.is_empty() => {
+            info!("drained; bye");
+            ExitCode::SUCCESS
+        }
+        Ok(failed) => {
+            error!(errors = ?failed, "a worker failed");
+            ExitCode::FAILURE
         }
         Err(_) => {
             warn!("drain timeout: exiting with requests still in flight");
             ExitCode::SUCCESS
         }
-    }
-}
-
-/// `workers` listening sockets on one address (`SO_REUSEPORT`: the kernel spreads
-/// connections over them), and the address they got.
-fn listeners(
-    addr: SocketAddr,
-    workers: usize,
-) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
-    let mut out = Vec::with_capacity(workers);
-    let mut bound = addr;
-    for _ in 0..workers {
-        let socket = if bound.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        #[cfg(unix)]
-        socket.set_reuseport(true)?;
-        socket.set_nodelay(true)?;
-        socket.bind(bound)?;
-        let listener = socket.listen(1024)?;
-        // A port 0 becomes the port the first socket got; the others share it.
-        bound = listener.local_addr()?;
-        out.push(listener.into_std()?);
-        #[cfg(not(unix))]
-        break;
-    }
-    Ok((out, bound))
-}
-
-/// One thread of the gateway: its own single-threaded runtime, listener and upstream
-/// connection pool, so a request never hops between threads (as nginx's workers).
-struct Worker {
-    listener: std::net::TcpListener,
-    layer: RateLimitLayer<AnyStore, AnyInFlight>,
-    upstream: String,
-    settings: ForwardSettings,
-    stop: watch::Receiver<bool>,
-}
-
-impl Worker {
-    fn run(self) -> Result<(), String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start a worker runtime: {e}"))?;
-        runtime.block_on(async move {
-            let listener = TcpListener::from_std(self.listener).map_err(|e| e.to_string())?;
-            let upstream = Upstream::new(&self.upstream, self.settings)?;
-            let app = axum::Router::new().fallback_service(self.layer.layer(upstream));
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(stopped(self.stop))
-            .await
-            .map_err(|e| e.to_string())
-        })
     }
 }
