@@ -117,21 +117,28 @@ pub fn headers(
 pub fn append_to(map: &mut http::HeaderMap, fields: Vec<(&'static str, String)>) {
     for (name, value) in fields {
         if let Ok(v) = http::HeaderValue::try_from(value) {
-            map.append(http::HeaderName::from_static(lower_case(name)), v);
+            map.append(header_name(name), v);
         }
     }
 }
 
-/// `HeaderName::from_static` wants lower case; the names here are fixed.
-fn lower_case(name: &'static str) -> &'static str {
+/// The header name of a field [`headers`] makes (constants: no parsing per request).
+fn header_name(name: &'static str) -> http::HeaderName {
+    use http::HeaderName;
+    const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+    const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+    const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+    const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+    const OTHER: HeaderName = HeaderName::from_static("x-tollgate");
     match name {
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        "Retry-After" => "retry-after",
-        "X-RateLimit-Limit" => "x-ratelimit-limit",
-        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
-        "X-RateLimit-Reset" => "x-ratelimit-reset",
-        _ => "x-tollgate",
+        "RateLimit-Policy" => RATELIMIT_POLICY,
+        "RateLimit" => RATELIMIT,
+        "Retry-After" => http::header::RETRY_AFTER,
+        "X-RateLimit-Limit" => LIMIT,
+        "X-RateLimit-Remaining" => REMAINING,
+        "X-RateLimit-Reset" => RESET,
+        _ => OTHER,
     }
 }
 
