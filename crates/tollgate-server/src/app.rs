@@ -150,8 +150,8 @@ async fn run(args: ServeArgs) -> ExitCode {
         legacy: args.common.legacy_headers,
     };
     let service = Arc::new(Service::new(
-        limiter,
-        Metrics::new(args.near_limit_ratio),
+        Arc::new(limiter),
+        Arc::new(Metrics::new(args.common.near_limit_ratio)),
         headers,
     ));
 
@@ -258,7 +258,7 @@ pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
 }
 
 /// Drops fresh states from the store every [`SWEEP_EVERY`].
-async fn sweep(service: Arc<Service>, stop: watch::Receiver<bool>) {
+pub(crate) async fn sweep(service: Arc<Service>, stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     while !*stop.borrow() {
         tick.tick().await;

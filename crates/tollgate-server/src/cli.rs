@@ -79,9 +79,6 @@ pub struct ServeArgs {
     /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
     #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ratelimit_headers: bool,
-    /// Share of a limit used from which hits count as `near_limit` in metrics.
-    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
-    pub near_limit_ratio: f64,
 }
 
 /// Settings `tollgate serve` and `tollgate proxy` share.
@@ -128,6 +125,9 @@ pub struct CommonArgs {
     /// connections are per worker). Default: one per CPU.
     #[arg(long, env = "TOLLGATE_WORKERS")]
     pub workers: Option<usize>,
+    /// Share of a limit used from which hits count as `near_limit` in metrics.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
 }
 
 /// Settings of `tollgate proxy`; every flag also reads a `TOLLGATE_*` variable.
@@ -152,6 +152,10 @@ pub struct ProxyArgs {
     /// crashed instance's permits come back after it).
     #[arg(long, env = "TOLLGATE_PERMIT_LEASE", default_value = "30s", value_parser = parse_duration)]
     pub permit_lease: Duration,
+    /// Address for the admin endpoints (`/metrics`, `/healthz`, `/readyz`,
+    /// `/healthcheck`, `/rules`, `POST /reload`); none when not set.
+    #[arg(long, env = "TOLLGATE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// How logs are written.

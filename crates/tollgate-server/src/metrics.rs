@@ -300,3 +300,15 @@ impl Metrics {
         out
     }
 }
+
+/// The gateway's decisions, counted as `tollgate serve` counts its own.
+impl tollgate::http::DecisionObserver for Metrics {
+    fn decided(
+        &self,
+        request: &tollgate::limiter::RateLimitRequest,
+        response: &tollgate::limiter::RateLimitResponse,
+        elapsed: std::time::Duration,
+    ) {
+        self.record(request, response, elapsed.as_secs_f64());
+    }
+}

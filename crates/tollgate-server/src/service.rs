@@ -2,6 +2,7 @@
 //! readiness. [`Service::decide`] is the one decision path gRPC and HTTP call.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
@@ -12,10 +13,10 @@ use tollgate::http::headers::HeaderSettings;
 
 /// The state behind every listener.
 pub struct Service {
-    /// Rules + store → decisions.
-    pub limiter: Limiter<AnyStore>,
-    /// Prometheus metrics.
-    pub metrics: Metrics,
+    /// Rules + store → decisions (shared with the gateway's layer).
+    pub limiter: Arc<Limiter<AnyStore>>,
+    /// Prometheus metrics (shared with the gateway's layer, which records into them).
+    pub metrics: Arc<Metrics>,
     /// Which rate limit headers to add.
     pub headers: HeaderSettings,
     ready: AtomicBool,
@@ -23,7 +24,11 @@ pub struct Service {
 
 impl Service {
     /// A service over `limiter`; not ready until [`set_ready`](Self::set_ready).
-    pub fn new(limiter: Limiter<AnyStore>, metrics: Metrics, headers: HeaderSettings) -> Self {
+    pub fn new(
+        limiter: Arc<Limiter<AnyStore>>,
+        metrics: Arc<Metrics>,
+        headers: HeaderSettings,
+    ) -> Self {
         Self {
             limiter,
             metrics,

@@ -315,3 +315,67 @@ async fn upstream_failures_answer_502_and_504() {
     assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+#[tokio::test]
+async fn the_admin_listener_serves_health_and_the_gateways_metrics() {
+    let admin = format!("127.0.0.1:{}", support::free_port());
+    let (_up, proxy) = gateway("admin", &["--admin-listen", &admin]).await;
+    let client = Client::new();
+    let admin_url = format!("http://{admin}");
+    wait_for_200(&admin, "/readyz", "the admin listener").await;
+
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let r = client
+            .get(format!("{}/api/items", proxy.url))
+            .send()
+            .await
+            .unwrap();
+        codes.push(r.status().as_u16());
+    }
+    assert_eq!(codes, [200, 200, 200, 429]);
+    // Not routed: not decided, not counted.
+    let r = client
+        .get(format!("{}/elsewhere", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+
+    let metrics = client
+        .get(format!("{admin_url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "tollgate_total_hits_total{domain=\"edge\",descriptor=\"remote_address\"} 4",
+        "tollgate_over_limit_total{domain=\"edge\",descriptor=\"remote_address\"} 1",
+        "tollgate_within_limit_total{domain=\"edge\",descriptor=\"remote_address\"} 3",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("tollgate_decision_duration_seconds_count 4"),
+        "{metrics}"
+    );
+    let health = client
+        .get(format!("{admin_url}/healthcheck"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    // The check APIs stay on `serve`: the gateway's admin port has none.
+    let check = client
+        .post(format!("{admin_url}/v1/check"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(check.status(), StatusCode::NOT_FOUND);
+}

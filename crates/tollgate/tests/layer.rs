@@ -107,3 +107,56 @@ async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
     assert_eq!(status(&app, "/c", "192.0.2.4:5").await.0, StatusCode::OK);
     assert_eq!(status(&app, "/c", "192.0.2.4:5").await.0, StatusCode::OK);
 }
+
+/// What an observer was told: domain, first descriptor's entries, overall code.
+type Told = (String, Vec<(String, String)>, tollgate::limiter::Code);
+
+/// Records what a `DecisionObserver` is told.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<Vec<Told>>);
+
+impl tollgate::http::DecisionObserver for Seen {
+    fn decided(
+        &self,
+        request: &tollgate::limiter::RateLimitRequest,
+        response: &tollgate::limiter::RateLimitResponse,
+        _elapsed: std::time::Duration,
+    ) {
+        self.0.lock().unwrap().push((
+            request.domain.clone(),
+            request.descriptors[0].entries.clone(),
+            response.overall,
+        ));
+    }
+}
+
+#[tokio::test]
+async fn an_observer_is_told_of_every_decision_and_of_no_unlimited_request() {
+    use tollgate::limiter::Code;
+    let file = rules_file("observer", &rules_for("/a"));
+    let rules = Arc::new(Rules::load(vec![file], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
+    let seen = Arc::new(Seen::default());
+    let layer = RateLimitLayer::new(limiter)
+        .unwrap()
+        .with_observer(Arc::clone(&seen) as Arc<dyn tollgate::http::DecisionObserver>)
+        .with_legacy_headers(true);
+    let app = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
+
+    assert_eq!(status(&app, "/a", "192.0.2.1:5").await.0, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/a", "192.0.2.1:5").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&app, "/b", "192.0.2.1:5").await.0, StatusCode::OK);
+
+    let entries = vec![("remote_address".to_string(), "192.0.2.1".to_string())];
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [
+            ("edge".to_string(), entries.clone(), Code::Ok),
+            ("edge".to_string(), entries, Code::OverLimit),
+        ],
+        "two decisions on /a (the second over the limit, observer kept by with_legacy_headers); none for the unrouted /b"
+    );
+}

@@ -1,5 +1,6 @@
 //! The HTTP listener: Envoy's `/json`, Tollgate's `/v1/check`, and the admin endpoints
-//! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/metrics`).
+//! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/metrics`), which
+//! `tollgate proxy --admin-listen` serves alone.
 
 mod admin;
 mod check;
@@ -17,11 +18,19 @@ use tollgate::limiter::{self, Code, RateLimitResponse};
 use crate::service::Service;
 use tollgate::http::headers::{append_to, headers};
 
-/// Every HTTP route.
+/// Every HTTP route of `tollgate serve`: the check APIs and the admin endpoints.
 pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/json", post(json::handle))
         .route("/v1/check", post(check::handle))
+        .with_state(Arc::clone(&service))
+        .merge(admin_router(service))
+}
+
+/// The admin endpoints alone (`tollgate proxy --admin-listen`): health, readiness, the
+/// rules, reload and metrics.
+pub fn admin_router(service: Arc<Service>) -> Router {
+    Router::new()
         .route("/healthcheck", get(admin::healthcheck))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))

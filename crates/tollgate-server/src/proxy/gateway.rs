@@ -9,15 +9,19 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate::http::RateLimitLayer;
+use tollgate::http::headers::HeaderSettings;
+use tollgate::http::{DecisionObserver, RateLimitLayer};
 use tollgate::inflight::{InFlight, MemoryInFlight, Permit, RedisInFlight};
 use tollgate::store;
 use tower::Layer;
 use tracing::{error, info, warn};
 
 use super::forward::{ForwardSettings, Upstream};
-use crate::app::{core, init_logging, runtime, shutdown_signal, Core};
+use crate::api::admin_router;
+use crate::app::{core, init_logging, runtime, shutdown_signal, stopped, sweep, Core};
 use crate::cli::ProxyArgs;
+use crate::metrics::Metrics;
+use crate::service::Service;
 use crate::workers;
 
 /// Runs the gateway until SIGTERM or SIGINT, then drains.
@@ -86,10 +90,21 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
         AnyInFlight::Memory(MemoryInFlight::new())
     };
-    let layer = match RateLimitLayer::new(Arc::new(limiter)) {
+    // The admin endpoints (metrics, health, rules, reload) see the same limiter and the
+    // metrics the layer records into.
+    let service = Arc::new(Service::new(
+        Arc::new(limiter),
+        Arc::new(Metrics::new(args.common.near_limit_ratio)),
+        HeaderSettings {
+            draft: true,
+            legacy: args.common.legacy_headers,
+        },
+    ));
+    let layer = match RateLimitLayer::new(Arc::clone(&service.limiter)) {
         Ok(l) => l
             .with_inflight(inflight)
-            .with_legacy_headers(args.common.legacy_headers),
+            .with_legacy_headers(args.common.legacy_headers)
+            .with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>),
         Err(errors) => {
             for e in errors.iter() {
                 error!("{e}");
@@ -107,6 +122,16 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
     };
     let addr = listener.local_addr().map_or(args.listen, |a| a);
+    let admin = match args.admin_listen {
+        Some(at) => match TcpListener::bind(at).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                error!(addr = %at, "cannot listen for the admin endpoints: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
     let done = workers::spawn("tollgate-proxy", receivers, {
@@ -128,13 +153,32 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let admin = admin.map(|listener| {
+        let (router, stop) = (admin_router(Arc::clone(&service)), stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(stop)
+                .await
+            {
+                error!("the admin listener failed: {e}");
+            }
+        })
+    });
     let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
-    info!(listen = %addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
+    service.set_ready(true);
+    info!(listen = %addr, admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
+    service.set_ready(false);
     let _ = stop_tx.send(true);
+    sweeper.abort();
     let all = async {
         let _ = acceptor.await;
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         workers::join(done).await
     };
     match tokio::time::timeout(args.common.drain_timeout, all).await {

@@ -29,7 +29,8 @@ pub fn tempdir(name: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on (a small race until the process binds it).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 
 use super::config::{self, HttpRules};
 use super::headers::HeaderSettings;
+use super::observer::DecisionObserver;
 use super::service::RateLimit;
 use crate::inflight::{InFlight, MemoryInFlight};
 use crate::limiter::Limiter;
@@ -32,6 +33,8 @@ pub(crate) struct Gate<S, I> {
     pub limiter: Arc<Limiter<S>>,
     pub inflight: Arc<I>,
     pub headers: HeaderSettings,
+    /// Told of every decision, if set.
+    pub observer: Option<Arc<dyn DecisionObserver>>,
     http: ArcSwap<Vec<HttpRules>>,
     /// The rule files the `http` sections are read again from when the limiter's rules
     /// reload (`None`: fixed sections).
@@ -79,6 +82,7 @@ impl<S, I> RateLimitLayer<S, I> {
                     draft: true,
                     legacy: false,
                 },
+                observer: None,
                 http: ArcSwap::from_pointee(http),
                 files,
                 seen: AtomicUsize::new(seen),
@@ -86,14 +90,20 @@ impl<S, I> RateLimitLayer<S, I> {
         }
     }
 
-    /// The same layer with other permits or header settings.
-    fn rebuild<J>(&self, inflight: Arc<J>, headers: HeaderSettings) -> RateLimitLayer<S, J> {
+    /// The same layer with other permits, header settings or observer.
+    fn rebuild<J>(
+        &self,
+        inflight: Arc<J>,
+        headers: HeaderSettings,
+        observer: Option<Arc<dyn DecisionObserver>>,
+    ) -> RateLimitLayer<S, J> {
         let g = &self.gate;
         RateLimitLayer {
             gate: Arc::new(Gate {
                 limiter: Arc::clone(&g.limiter),
                 inflight,
                 headers,
+                observer,
                 http: ArcSwap::new(g.http.load_full()),
                 files: g.files.clone(),
                 seen: AtomicUsize::new(g.seen.load(Ordering::Relaxed)),
@@ -104,7 +114,11 @@ impl<S, I> RateLimitLayer<S, I> {
     /// Concurrency permits from `inflight` (e.g. a `RedisInFlight`, whose leases expire
     /// if this instance dies) instead of memory.
     pub fn with_inflight<J: InFlight>(self, inflight: J) -> RateLimitLayer<S, J> {
-        self.rebuild(Arc::new(inflight), self.gate.headers)
+        self.rebuild(
+            Arc::new(inflight),
+            self.gate.headers,
+            self.gate.observer.clone(),
+        )
     }
 
     /// Also add the legacy `X-RateLimit-Limit/Remaining/Reset` headers.
@@ -113,7 +127,21 @@ impl<S, I> RateLimitLayer<S, I> {
             legacy,
             ..self.gate.headers
         };
-        self.rebuild(Arc::clone(&self.gate.inflight), headers)
+        self.rebuild(
+            Arc::clone(&self.gate.inflight),
+            headers,
+            self.gate.observer.clone(),
+        )
+    }
+
+    /// Tell `observer` of every decision (the request built, the answer, the time the
+    /// check took), e.g. to count them in metrics.
+    pub fn with_observer(self, observer: Arc<dyn DecisionObserver>) -> Self {
+        self.rebuild(
+            Arc::clone(&self.gate.inflight),
+            self.gate.headers,
+            Some(observer),
+        )
     }
 }
 

@@ -33,6 +33,7 @@
 //!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
 //! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`]; `body.rs` holds
 //!   concurrency permits until the response body ends.
+//! - [`observer`]: [`DecisionObserver`], told of every decision (metrics).
 
 pub mod actions;
 mod body;
@@ -40,9 +41,11 @@ pub mod client_ip;
 pub mod config;
 pub mod headers;
 mod layer;
+pub mod observer;
 mod service;
 
 pub use client_ip::client_ip;
 pub use config::HttpRules;
 pub use layer::RateLimitLayer;
+pub use observer::DecisionObserver;
 pub use service::RateLimit;

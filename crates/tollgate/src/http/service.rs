@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -180,8 +180,14 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
             descriptors,
             hits_addend: 1,
         };
+        let started = gate.observer.as_ref().map(|_| Instant::now());
         let response = match gate.limiter.check(&check).await {
-            Ok(r) => r,
+            Ok(r) => {
+                if let (Some(observer), Some(started)) = (&gate.observer, started) {
+                    observer.decided(&check, &r, started.elapsed());
+                }
+                r
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the gateway built a request the limiter refused");
                 return Verdict::Answer(problem(
