@@ -101,10 +101,17 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         },
     ));
     let layer = match RateLimitLayer::new(Arc::clone(&service.limiter)) {
-        Ok(l) => l
-            .with_inflight(inflight)
-            .with_legacy_headers(args.common.legacy_headers)
-            .with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>),
+        Ok(l) => {
+            let l = l
+                .with_inflight(inflight)
+                .with_legacy_headers(args.common.legacy_headers);
+            // Metrics cost a little per decision; only kept when someone can read them.
+            if args.admin_listen.is_some() {
+                l.with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>)
+            } else {
+                l
+            }
+        }
         Err(errors) => {
             for e in errors.iter() {
                 error!("{e}");
