@@ -178,19 +178,14 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (grpc_senders, grpc_receivers) = workers::channels(count);
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
-    let done = workers::spawn("tollgate-serve", inputs, {
+    let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
         move |(grpc, http)| serve_worker(Arc::clone(&service), grpc, http, stop.clone())
-    });
-    let done = match done {
-        Ok(d) => d,
-        Err(e) => {
-            error!("cannot start a worker thread: {e}");
-            return ExitCode::FAILURE;
-        }
+    }) else {
+        return ExitCode::FAILURE;
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
-    let acceptors = [
+    let acceptors = vec![
         tokio::spawn(workers::distribute(
             grpc_listener,
             grpc_senders,
@@ -208,28 +203,8 @@ async fn run(args: ServeArgs) -> ExitCode {
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
     service.set_ready(false);
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(args.common.drain_timeout, async {
-        for acceptor in acceptors {
-            let _ = acceptor.await;
-        }
-        workers::join(done).await
-    })
-    .await;
     sweeper.abort();
-    match drained {
-        Ok(failed) if failed.is_empty() => {
-            info!("drained; bye");
-            ExitCode::SUCCESS
-        }
-        Ok(failed) => {
-            error!(errors = ?failed, "a listener failed");
-            ExitCode::FAILURE
-        }
-        Err(_) => {
-            warn!("drain timeout: exiting with calls still in flight");
-            ExitCode::SUCCESS
-        }
-    }
+    workers::drain(args.common.drain_timeout, acceptors, done).await
 }
 
 /// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections

@@ -14,6 +14,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -25,7 +27,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{debug, error};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
 
 use crate::app::stopped;
 
@@ -39,14 +42,13 @@ pub(crate) fn count(requested: Option<usize>) -> usize {
         .max(1)
 }
 
+/// What [`spawn`] returns: each worker's result, when it ends.
+pub(crate) type Done = Vec<oneshot::Receiver<Result<(), String>>>;
+
 /// Starts one thread per input, named `{name}-{i}`, each running `task(input)` to
 /// completion on its own single-threaded runtime. The receivers give each task's
-/// result (an error if the thread died).
-pub(crate) fn spawn<T, F, Fut>(
-    name: &str,
-    inputs: Vec<T>,
-    task: F,
-) -> std::io::Result<Vec<oneshot::Receiver<Result<(), String>>>>
+/// result (an error if the thread died). `None` (logged) if a thread cannot start.
+pub(crate) fn spawn<T, F, Fut>(name: &str, inputs: Vec<T>, task: F) -> Option<Done>
 where
     T: Send + 'static,
     F: Fn(T) -> Fut + Clone + Send + 'static,
@@ -56,7 +58,7 @@ where
     for (i, input) in inputs.into_iter().enumerate() {
         let (tx, rx) = oneshot::channel();
         let task = task.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("{name}-{i}"))
             .spawn(move || {
                 let result = match tokio::runtime::Builder::new_current_thread()
@@ -67,14 +69,44 @@ where
                     Err(e) => Err(format!("cannot start a worker runtime: {e}")),
                 };
                 let _ = tx.send(result);
-            })?;
+            });
+        if let Err(e) = spawned {
+            error!("cannot start a worker thread: {e}");
+            return None;
+        }
         done.push(rx);
     }
-    Ok(done)
+    Some(done)
+}
+
+/// Drains after the stop signal: waits up to `timeout` for `tasks` (the acceptors and
+/// any other listener) and then for the workers, logs the outcome and gives the exit
+/// code (a timeout exits with success, requests still in flight).
+pub(crate) async fn drain(timeout: Duration, tasks: Vec<JoinHandle<()>>, done: Done) -> ExitCode {
+    let all = async {
+        for task in tasks {
+            let _ = task.await;
+        }
+        join(done).await
+    };
+    match tokio::time::timeout(timeout, all).await {
+        Ok(failed) if failed.is_empty() => {
+            info!("drained; bye");
+            ExitCode::SUCCESS
+        }
+        Ok(failed) => {
+            error!(errors = ?failed, "a worker failed");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            warn!("drain timeout: exiting with requests still in flight");
+            ExitCode::SUCCESS
+        }
+    }
 }
 
 /// Waits for every worker's result; the errors, if any.
-pub(crate) async fn join(done: Vec<oneshot::Receiver<Result<(), String>>>) -> Vec<String> {
+async fn join(done: Done) -> Vec<String> {
     let mut failed = Vec::new();
     for rx in done {
         match rx.await {
@@ -230,7 +262,6 @@ pub(crate) async fn serve_http<S>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Which worker (thread) answered: its name.
@@ -280,7 +311,7 @@ mod tests {
                 }
             }
         })
-        .expect("spawn");
+        .expect("the workers start");
         let acceptor = tokio::spawn(distribute(listener, senders, stop_rx));
         let mut answers = Vec::new();
         for _ in 0..4 {

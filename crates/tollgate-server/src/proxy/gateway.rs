@@ -141,7 +141,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
-    let done = workers::spawn("tollgate-proxy", receivers, {
+    let Some(done) = workers::spawn("tollgate-proxy", receivers, {
         let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
         move |connections| {
             let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
@@ -152,13 +152,8 @@ async fn serve(args: ProxyArgs) -> ExitCode {
                 Ok(())
             }
         }
-    });
-    let done = match done {
-        Ok(d) => d,
-        Err(e) => {
-            error!("cannot start a worker thread: {e}");
-            return ExitCode::FAILURE;
-        }
+    }) else {
+        return ExitCode::FAILURE;
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -181,25 +176,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     service.set_ready(false);
     let _ = stop_tx.send(true);
     sweeper.abort();
-    let all = async {
-        let _ = acceptor.await;
-        if let Some(admin) = admin {
-            let _ = admin.await;
-        }
-        workers::join(done).await
-    };
-    match tokio::time::timeout(args.common.drain_timeout, all).await {
-        Ok(failed) if failed.is_empty() => {
-            info!("drained; bye");
-            ExitCode::SUCCESS
-        }
-        Ok(failed) => {
-            error!(errors = ?failed, "a worker failed");
-            ExitCode::FAILURE
-        }
-        Err(_) => {
-            warn!("drain timeout: exiting with requests still in flight");
-            ExitCode::SUCCESS
-        }
-    }
+    let mut tasks = vec![acceptor];
+    tasks.extend(admin);
+    workers::drain(args.common.drain_timeout, tasks, done).await
 }
