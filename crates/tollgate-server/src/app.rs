@@ -15,7 +15,7 @@ use tollgate::store::MemoryStore;
 use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
 
-use crate::cli::{CommonArgs, LogFormat, ServeArgs};
+use crate::cli::{CommonArgs, GrpcTransport, LogFormat, ServeArgs};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::{api, grpc, workers};
@@ -178,9 +178,10 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (grpc_senders, grpc_receivers) = workers::channels(count);
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
+    let transport = args.grpc_transport;
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
-        move |(grpc, http)| serve_worker(Arc::clone(&service), grpc, http, stop.clone())
+        move |(grpc, http)| serve_worker(Arc::clone(&service), transport, grpc, http, stop.clone())
     }) else {
         return ExitCode::FAILURE;
     };
@@ -197,7 +198,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+    info!(grpc = %grpc_addr, grpc_transport = ?transport, http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
@@ -211,16 +212,25 @@ async fn run(args: ServeArgs) -> ExitCode {
 /// the acceptors hand it, until `stop`; then both drain.
 async fn serve_worker(
     service: Arc<Service>,
+    transport: GrpcTransport,
     grpc: mpsc::UnboundedReceiver<workers::Accepted>,
     http: mpsc::UnboundedReceiver<workers::Accepted>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let grpc = tonic::transport::Server::builder()
-        .add_service(grpc::rls::server(Arc::clone(&service)))
-        .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop.clone()));
-    let http = workers::serve_http(http, api::router(service), stop);
-    let (grpc, ()) = tokio::join!(grpc, http);
-    grpc.map_err(|e| format!("gRPC: {e}"))
+    let http = workers::serve_http(http, api::router(Arc::clone(&service)), stop.clone());
+    match transport {
+        GrpcTransport::Native => {
+            tokio::join!(grpc::native::serve(grpc, service, stop), http);
+            Ok(())
+        }
+        GrpcTransport::Tonic => {
+            let grpc = tonic::transport::Server::builder()
+                .add_service(grpc::rls::server(service))
+                .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop));
+            let (grpc, ()) = tokio::join!(grpc, http);
+            grpc.map_err(|e| format!("gRPC: {e}"))
+        }
+    }
 }
 
 /// Resolves when `stop` turns true.

@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Address for Envoy's gRPC rate limit service.
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", default_value = "0.0.0.0:8081")]
     pub grpc_listen: SocketAddr,
+    /// The gRPC listener's HTTP/2 implementation: `native` (Tollgate's own, for unary
+    /// calls over h2c: answers a whole read of calls in one write) or `tonic`.
+    #[arg(long, env = "TOLLGATE_GRPC_TRANSPORT", value_enum, default_value_t = GrpcTransport::Native)]
+    pub grpc_transport: GrpcTransport,
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,
@@ -156,6 +160,15 @@ pub struct ProxyArgs {
     /// `/healthcheck`, `/rules`, `POST /reload`); none when not set.
     #[arg(long, env = "TOLLGATE_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
+}
+
+/// Which HTTP/2 implementation serves gRPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GrpcTransport {
+    /// `tollgate-h2`: unary calls on cleartext HTTP/2, batched per read and write.
+    Native,
+    /// tonic (hyper and h2).
+    Tonic,
 }
 
 /// How logs are written.

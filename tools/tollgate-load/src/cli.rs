@@ -37,8 +37,13 @@ pub enum Mode {
         /// Address of the gRPC listener, `host:port` (or `http://host:port`).
         #[arg(long, env = "TOLLGATE_LOAD_ADDR", default_value = "127.0.0.1:8081")]
         addr: String,
-        /// Number of HTTP/2 connections (tonic channels) to open; requests are
-        /// spread over them round-robin so one connection is not the bottleneck.
+        /// The HTTP/2 client: `native` (tollgate-h2: each connection's task writes all
+        /// queued calls at once; cheaper, so more of the shared CPU is left to the
+        /// server) or `tonic`.
+        #[arg(long, env = "TOLLGATE_LOAD_TRANSPORT", value_enum, default_value_t = Transport::Native)]
+        transport: Transport,
+        /// Number of HTTP/2 connections to open; requests are spread over them
+        /// round-robin so one connection is not the bottleneck.
         #[arg(long, env = "TOLLGATE_LOAD_CONNECTIONS", default_value_t = 4,
               value_parser = clap::value_parser!(u32).range(1..))]
         connections: u32,
@@ -100,6 +105,15 @@ pub enum Mode {
         #[command(flatten)]
         common: CommonArgs,
     },
+}
+
+/// The gRPC client implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// tollgate-h2's client connection.
+    Native,
+    /// tonic's client.
+    Tonic,
 }
 
 /// Which rate limit keys the requests use.

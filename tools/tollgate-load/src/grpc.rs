@@ -50,19 +50,20 @@ impl GrpcTarget {
         }
         Ok(Self { clients, keys })
     }
+}
 
-    fn request(&self, seq: u64) -> RateLimitRequest {
-        RateLimitRequest {
-            domain: self.keys.domain.clone(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: self.keys.key.clone(),
-                    value: format!("u{}", seq % self.keys.keys),
-                }],
-                ..Default::default()
+/// Request number `seq`: `keys.domain`, one descriptor `keys.key` = `u<seq mod keys>`.
+pub fn request(keys: &KeyArgs, seq: u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: keys.domain.clone(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: keys.key.clone(),
+                value: format!("u{}", seq % keys.keys),
             }],
-            hits_addend: 1,
-        }
+            ..Default::default()
+        }],
+        hits_addend: 1,
     }
 }
 
@@ -71,7 +72,7 @@ impl Target for GrpcTarget {
         let idx = (seq % self.clients.len() as u64) as usize;
         // Cloning a client clones a handle to its channel (cheap).
         let client = self.clients.get(idx).cloned();
-        let req = self.request(seq);
+        let req = request(&self.keys, seq);
         async move {
             let Some(mut client) = client else {
                 return Outcome::Error("no gRPC connection".to_owned());

@@ -8,6 +8,7 @@ mod cli;
 mod cpu;
 mod engine;
 mod grpc;
+mod grpc_native;
 mod http;
 mod redis;
 mod report;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use clap::Parser as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cli::{Cli, CommonArgs, Mode, Stop};
+use crate::cli::{Cli, CommonArgs, Mode, Stop, Transport};
 use crate::engine::{Outcome, Plan, Target};
 use crate::report::{Report, RunInfo};
 
@@ -60,14 +61,29 @@ async fn run(mode: Mode) -> Result<ExitCode, String> {
     match mode {
         Mode::Grpc {
             addr,
+            transport,
             connections,
             keys,
             common,
         } => {
             let info = run_info("grpc", addr.clone(), Some(keys.keys), &common);
-            let target =
-                grpc::GrpcTarget::connect(&addr, connections, keys, common.timeout).await?;
-            drive(target, info, &common).await
+            match transport {
+                Transport::Native => {
+                    let target = grpc_native::NativeGrpcTarget::connect(
+                        &addr,
+                        connections,
+                        keys,
+                        common.timeout,
+                    )
+                    .await?;
+                    drive(target, info, &common).await
+                }
+                Transport::Tonic => {
+                    let target =
+                        grpc::GrpcTarget::connect(&addr, connections, keys, common.timeout).await?;
+                    drive(target, info, &common).await
+                }
+            }
         }
         Mode::Check { url, keys, common } => {
             let info = run_info("check", url.clone(), Some(keys.keys), &common);

@@ -41,15 +41,34 @@ impl RateLimitService for Rls {
         &self,
         request: tonic::Request<WireRequest>,
     ) -> Result<tonic::Response<WireResponse>, tonic::Status> {
-        let request = from_wire(request.into_inner()).map_err(|e| {
-            self.service.metrics.invalid_request();
-            tonic::Status::invalid_argument(e)
-        })?;
-        match self.service.decide(&request).await {
-            Ok(response) => Ok(tonic::Response::new(to_wire(&response, &self.service))),
-            Err(limiter::Error::InvalidRequest(why)) => Err(tonic::Status::invalid_argument(why)),
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        match answer(&self.service, request.into_inner()).await {
+            Ok(response) => Ok(tonic::Response::new(response)),
+            Err(Failure::InvalidArgument(why)) => Err(tonic::Status::invalid_argument(why)),
+            Err(Failure::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
         }
+    }
+}
+
+/// Why a call gets no [`WireResponse`]: the gRPC status to answer with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// `INVALID_ARGUMENT`: the request is malformed (counted in metrics).
+    InvalidArgument(String),
+    /// `UNAVAILABLE`: the store failed and the rule's failure mode gave no answer.
+    Unavailable(String),
+}
+
+/// `ShouldRateLimit` for any transport: wire request → [`Service::decide`] → wire
+/// response.
+pub async fn answer(service: &Service, wire: WireRequest) -> Result<WireResponse, Failure> {
+    let request = from_wire(wire).map_err(|e| {
+        service.metrics.invalid_request();
+        Failure::InvalidArgument(e)
+    })?;
+    match service.decide(&request).await {
+        Ok(response) => Ok(to_wire(&response, service)),
+        Err(limiter::Error::InvalidRequest(why)) => Err(Failure::InvalidArgument(why)),
+        Err(e) => Err(Failure::Unavailable(e.to_string())),
     }
 }
 

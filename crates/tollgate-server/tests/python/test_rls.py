@@ -72,9 +72,10 @@ def log_text(path):
         return f.read()
 
 
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    """A running `tollgate serve` with RULES, and a stub connected to its gRPC port.
+@pytest.fixture(scope="module", params=["native", "tonic"])
+def stub(request, tmp_path_factory):
+    """A running `tollgate serve` with RULES, and a stub connected to its gRPC port;
+    every test runs on both gRPC transports (`--grpc-transport`).
 
     At the end: SIGTERM, and the server must drain and exit 0 within a few seconds.
     """
@@ -95,6 +96,7 @@ def stub(tmp_path_factory):
         "--grpc-listen", f"{HOST}:{grpc_port}",
         "--http-listen", f"{HOST}:{http_port}",
         "--legacy-headers",
+        "--grpc-transport", request.param,
     ]
     # No TOLLGATE_* settings from the caller's environment: only the flags above count.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
@@ -112,7 +114,9 @@ def stub(tmp_path_factory):
 
         channel = grpc.insecure_channel(f"{HOST}:{grpc_port}", options=[("grpc.enable_http_proxy", 0)])
         try:
-            yield rls_pb2_grpc.RateLimitServiceStub(channel)
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            stub.channel = channel
+            yield stub
         finally:
             channel.close()
 
@@ -285,3 +289,47 @@ def test_a_domain_without_rules_is_not_limited(stub):
     assert len(response.statuses) == 1
     assert response.statuses[0].code == OK
     assert not response.statuses[0].HasField("current_limit")
+
+
+def test_an_unknown_method_is_unimplemented(stub):
+    call = stub.channel.unary_unary(
+        "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        call(b"", timeout=5)
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_bytes_that_are_not_a_request_are_rejected_and_the_server_keeps_serving(stub):
+    call = stub.channel.unary_unary(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        # Field 1 (domain) as a length-delimited string that claims 100 bytes.
+        call(b"\x0a\x64abc", timeout=5)
+    assert error.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL)
+    response = check(stub, [("user", "gina")], domain="nobody-configured-this")
+    assert response.overall_code == OK
+
+
+def test_many_calls_in_flight_on_one_connection_each_get_their_own_answer(stub):
+    # 300 calls at once on the stub's one HTTP/2 connection, each for its own key of a
+    # rule that admits 3 per minute, each charging its index mod 5 hits.
+    away_from_window_end(60)
+    futures = []
+    for i in range(300):
+        hits = i % 5
+        futures.append((hits, stub.ShouldRateLimit.future(
+            request("test", [("user", f"many-{i}")], hits_addend=hits), timeout=10)))
+    for hits, future in futures:
+        response = future.result()
+        charged = max(hits, 1)
+        if charged <= 3:
+            assert response.overall_code == OK
+            assert response.statuses[0].limit_remaining == 3 - charged
+        else:
+            assert response.overall_code == OVER_LIMIT
