@@ -14,6 +14,8 @@
 #
 # Usage: tools/bench-service.sh
 # Environment (optional): DURATION (10s), CONCURRENCY (64), KEYS (10000),
+#   GRPC_TRANSPORT (native or tonic: the server's), LOAD_TRANSPORT (native or tonic:
+#   tollgate-load's gRPC client),
 #   CARGO_TARGET_DIR (where cargo builds; default: <repo>/target).
 set -euo pipefail
 
@@ -21,6 +23,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 duration="${DURATION:-10s}"
 concurrency="${CONCURRENCY:-64}"
 keys="${KEYS:-10000}"
+grpc_transport="${GRPC_TRANSPORT:-native}" # tollgate serve --grpc-transport
+load_transport="${LOAD_TRANSPORT:-native}" # tollgate-load grpc --transport
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -73,7 +77,7 @@ while [[ "$http_port" == "$grpc_port" ]]; do http_port="$(free_port)"; done
 log "starting tollgate serve (gRPC 127.0.0.1:$grpc_port, HTTP 127.0.0.1:$http_port)..."
 TOLLGATE_LOG=warn "$bin/tollgate" serve --config "$work/rules" \
   --grpc-listen "127.0.0.1:$grpc_port" --http-listen "127.0.0.1:$http_port" \
-  >"$work/server.log" 2>&1 &
+  --grpc-transport "$grpc_transport" >"$work/server.log" 2>&1 &
 server_pid=$!
 
 ready=""
@@ -99,7 +103,7 @@ load() {
   local mode="$1"; shift
   local target
   case "$mode" in
-    grpc) target=(--addr "127.0.0.1:$grpc_port") ;;
+    grpc) target=(--addr "127.0.0.1:$grpc_port" --transport "$load_transport") ;;
     check) target=(--url "http://127.0.0.1:$http_port/v1/check") ;;
   esac
   "$bin/tollgate-load" "$mode" "${target[@]}" --keys "$keys" \
