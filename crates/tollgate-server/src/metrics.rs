@@ -20,8 +20,8 @@
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 use prometheus_client::encoding::text::encode;
@@ -78,8 +78,54 @@ pub struct Metrics {
     redis_calls: Counter,
     circuit_opened: Counter,
     circuit_open: Gauge,
-    seen: RwLock<HashSet<(Arc<str>, Arc<str>)>>,
+    /// Each rule's counters, resolved once: a decision then costs one map lookup
+    /// instead of three label-set lookups and two allocations.
+    rules: RwLock<HashMap<RuleKey, Arc<RuleCounters>>>,
     near_limit_ratio: f64,
+}
+
+/// A rule's (domain, path).
+type RuleKey = (Arc<str>, Arc<str>);
+
+/// The per-rule counter families, indexing [`RuleCounters::slots`].
+#[derive(Clone, Copy)]
+enum Slot {
+    TotalHits,
+    OverLimit,
+    NearLimit,
+    WithinLimit,
+    ShadowMode,
+    LocalCache,
+}
+
+/// One rule's label set and its counters, each taken from its family the first time it
+/// counts (so a series appears only once it has counted, as before).
+struct RuleCounters {
+    labels: RuleLabels,
+    slots: [OnceLock<Counter>; 6],
+}
+
+impl RuleCounters {
+    fn new(labels: RuleLabels) -> Self {
+        Self {
+            labels,
+            slots: Default::default(),
+        }
+    }
+
+    fn inc(&self, metrics: &Metrics, slot: Slot, by: u64) {
+        let family = match slot {
+            Slot::TotalHits => &metrics.total_hits,
+            Slot::OverLimit => &metrics.over_limit,
+            Slot::NearLimit => &metrics.near_limit,
+            Slot::WithinLimit => &metrics.within_limit,
+            Slot::ShadowMode => &metrics.shadow_mode,
+            Slot::LocalCache => &metrics.local_cache,
+        };
+        self.slots[slot as usize]
+            .get_or_init(|| family.get_or_create(&self.labels).clone())
+            .inc_by(by);
+    }
 }
 
 impl Metrics {
@@ -200,7 +246,7 @@ impl Metrics {
             redis_calls,
             circuit_opened,
             circuit_open,
-            seen: RwLock::new(HashSet::new()),
+            rules: RwLock::new(HashMap::new()),
             near_limit_ratio,
         }
     }
@@ -217,30 +263,30 @@ impl Metrics {
                 continue;
             };
             let hits = d.hits_addend.unwrap_or(default_cost);
-            let labels = self.labels(&metric.domain, &metric.path);
-            self.total_hits.get_or_create(&labels).inc_by(hits);
+            let rule = self.rule(&metric.domain, &metric.path);
+            rule.inc(self, Slot::TotalHits, hits);
             if let Some(mode) = s.failure_mode {
                 let fallback = FallbackLabels {
-                    domain: labels.domain.clone(),
-                    descriptor: labels.descriptor.clone(),
+                    domain: rule.labels.domain.clone(),
+                    descriptor: rule.labels.descriptor.clone(),
                     mode: mode.name(),
                 };
                 self.fallbacks.get_or_create(&fallback).inc_by(hits);
             }
             if s.from_cache && s.code == Code::OverLimit {
-                self.local_cache.get_or_create(&labels).inc_by(hits);
+                rule.inc(self, Slot::LocalCache, hits);
             }
             if s.would_reject {
-                self.shadow_mode.get_or_create(&labels).inc_by(hits);
+                rule.inc(self, Slot::ShadowMode, hits);
             } else if s.code == Code::OverLimit {
-                self.over_limit.get_or_create(&labels).inc_by(hits);
+                rule.inc(self, Slot::OverLimit, hits);
             } else {
-                self.within_limit.get_or_create(&labels).inc_by(hits);
+                rule.inc(self, Slot::WithinLimit, hits);
                 let used = limit.requests_per_unit.saturating_sub(s.remaining) as f64;
                 if limit.requests_per_unit > 0
                     && used >= self.near_limit_ratio * limit.requests_per_unit as f64
                 {
-                    self.near_limit.get_or_create(&labels).inc_by(hits);
+                    rule.inc(self, Slot::NearLimit, hits);
                 }
             }
         }
@@ -251,26 +297,30 @@ impl Metrics {
         self.invalid_requests.inc();
     }
 
-    fn labels(&self, domain: &Arc<str>, path: &Arc<str>) -> RuleLabels {
+    /// The counters of the rule at (`domain`, `path`); past [`MAX_RULE_SERIES`] rules,
+    /// new ones count under the path `_overflow` (not cached).
+    fn rule(&self, domain: &Arc<str>, path: &Arc<str>) -> Arc<RuleCounters> {
         let key = (Arc::clone(domain), Arc::clone(path));
-        let known = self.seen.read().contains(&key);
-        let path = if known {
+        if let Some(rule) = self.rules.read().get(&key) {
+            return Arc::clone(rule);
+        }
+        let mut rules = self.rules.write();
+        if let Some(rule) = rules.get(&key) {
+            return Arc::clone(rule);
+        }
+        let descriptor = if rules.len() < MAX_RULE_SERIES {
             path.to_string()
         } else {
-            let mut seen = self.seen.write();
-            if seen.len() < MAX_RULE_SERIES {
-                seen.insert(key);
-                path.to_string()
-            } else if seen.contains(&key) {
-                path.to_string()
-            } else {
-                "_overflow".to_string()
-            }
+            "_overflow".to_string()
         };
-        RuleLabels {
+        let rule = Arc::new(RuleCounters::new(RuleLabels {
             domain: domain.to_string(),
-            descriptor: path,
+            descriptor,
+        }));
+        if rules.len() < MAX_RULE_SERIES {
+            rules.insert(key, Arc::clone(&rule));
         }
+        rule
     }
 
     /// The exposition text, with the rule-load and store figures brought up to date.
@@ -310,5 +360,114 @@ impl tollgate::http::DecisionObserver for Metrics {
         elapsed: std::time::Duration,
     ) {
         self.record(request, response, elapsed.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate::limiter::{
+        Descriptor, DescriptorStatus, MetricKey, RateLimitRequest, RateLimitResponse, ReportedLimit,
+    };
+    use tollgate::rules::Unit;
+
+    fn decision(path: &str, code: Code, remaining: u64) -> (RateLimitRequest, RateLimitResponse) {
+        let request = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![Descriptor::default()],
+            hits_addend: 1,
+        };
+        let status = DescriptorStatus {
+            code,
+            limit: Some(ReportedLimit {
+                name: None,
+                requests_per_unit: 10,
+                unit: Unit::Minute,
+            }),
+            remaining,
+            reset_after: 0,
+            retry_after: 0,
+            delay: 0,
+            over_soft_limit: false,
+            shadow: false,
+            would_reject: false,
+            metric: Some(MetricKey {
+                domain: "d".into(),
+                path: path.into(),
+            }),
+            from_cache: false,
+            failure_mode: None,
+        };
+        let response = RateLimitResponse {
+            overall: code,
+            statuses: vec![status],
+            store_failure: None,
+        };
+        (request, response)
+    }
+
+    fn exposition(metrics: &Metrics) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &metrics.registry).expect("encodes");
+        out
+    }
+
+    fn value(text: &str, series: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn each_rule_counts_on_its_own_series_and_the_label_sets_stay_bounded() {
+        let metrics = Metrics::new(0.8);
+        let (req, resp) = decision("user", Code::Ok, 9);
+        metrics.record(&req, &resp, 0.0);
+        metrics.record(&req, &resp, 0.0);
+        let (req, resp) = decision("user", Code::OverLimit, 0);
+        metrics.record(&req, &resp, 0.0);
+        let (req, resp) = decision("user", Code::Ok, 1);
+        metrics.record(&req, &resp, 0.0);
+        let text = exposition(&metrics);
+        let user = "{domain=\"d\",descriptor=\"user\"}";
+        assert_eq!(
+            value(&text, &format!("tollgate_total_hits_total{user}")),
+            Some(4)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_within_limit_total{user}")),
+            Some(3)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_over_limit_total{user}")),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_near_limit_total{user}")),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_shadow_mode_total{user}")),
+            None,
+            "never counted"
+        );
+
+        // Runtime values in paths (detailed_metric): past the cap, new paths share one
+        // `_overflow` series.
+        for i in 0..MAX_RULE_SERIES + 5 {
+            let (req, resp) = decision(&format!("user_{i}"), Code::Ok, 9);
+            metrics.record(&req, &resp, 0.0);
+        }
+        let text = exposition(&metrics);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("tollgate_total_hits_total{"))
+            .count();
+        assert_eq!(series, MAX_RULE_SERIES + 1);
+        let overflow = "{domain=\"d\",descriptor=\"_overflow\"}";
+        assert_eq!(
+            value(&text, &format!("tollgate_total_hits_total{overflow}")),
+            Some(6)
+        );
     }
 }
