@@ -189,6 +189,36 @@ fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
         .unwrap();
 }
 
+/// A request of one check without lockout takes the script's fast path for its
+/// algorithm (`ALONE` in `lua/fixed_window.lua`, `sliding_window.lua`,
+/// `token_bucket.lua`, `gcra.lua`, `leaky_bucket.lua`: no undo log, few or no tables):
+/// it must decide exactly as the general path and the in-memory store do.
+#[test]
+fn lone_checks_take_the_fast_path_and_decide_the_same() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases: 160,
+        ..Config::default()
+    });
+    let lone = limit().prop_filter("exact at 1 ns, no lockout", |l| {
+        l.lockout().is_none() && RedisStore::tick_for(l) == Some(1)
+    });
+    let one_check = trace(1).prop_map(|reqs| {
+        reqs.into_iter()
+            .map(|mut r| {
+                r.checks.truncate(1);
+                r
+            })
+            .collect::<Vec<_>>()
+    });
+    runner
+        .run(&(lone, one_check), |(limit, reqs)| {
+            differential(&rt, &server.url(), &[limit], &reqs)
+        })
+        .unwrap();
+}
+
 /// Limits too large for 1 ns ticks (a month or a year, or an odd limit per hour with a
 /// big burst): on traces at whole microseconds, the scripts admit exactly what the
 /// in-memory store admits, and round durations up to their tick.
@@ -351,6 +381,85 @@ fn every_key_gets_a_ttl_just_past_the_time_it_matters() {
         };
         assert!(ttl > 0 && ttl <= bound, "{name}: PTTL {ttl} ms");
     }
+}
+
+/// The lone-check fast paths write the same TTLs as the general path: a fixed window's
+/// key lives until its window ends (a second hit in the window keeps that TTL), a
+/// bucket's until the instant it is full (or empty) again.
+#[test]
+fn lone_checks_set_ttls_just_past_the_time_they_matter() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::builder(server.url()).prefix("lone").connect())
+        .unwrap();
+    let pttl = |name: &str| -> i64 {
+        command(server.port, &format!("PTTL {name}"))
+            .unwrap()
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap()
+    };
+    let key_of = |runtime_key: &str| -> String {
+        let keys = command(server.port, &format!("KEYS lone:*{runtime_key}*")).unwrap();
+        let names: Vec<&str> = keys.lines().filter(|l| l.starts_with("lone:")).collect();
+        assert_eq!(names.len(), 1, "one key for {runtime_key}: {keys}");
+        names[0].to_string()
+    };
+
+    let fixed = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        5,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    assert!(
+        rt.block_on(store.check(0, &[Check::new(&fixed, "fw", 1)]))
+            .unwrap()[0]
+            .allowed
+    );
+    let name = key_of("fw");
+    let first = pttl(&name);
+    assert!(first > 0 && first <= 60_002, "{name}: PTTL {first} ms");
+    let d = rt
+        .block_on(store.check(0, &[Check::new(&fixed, "fw", 1)]))
+        .unwrap()[0];
+    assert!(d.allowed && d.remaining == 3);
+    let second = pttl(&name);
+    assert!(
+        second > 0 && second <= first,
+        "the same window keeps its TTL: {first} then {second} ms"
+    );
+
+    let gcra = Limit::new(Algorithm::Gcra(Gcra::new(10, Duration::from_secs(10)))).unwrap();
+    assert!(
+        rt.block_on(store.check(0, &[Check::new(&gcra, "gc", 3)]))
+            .unwrap()[0]
+            .allowed
+    );
+    let name = key_of("gc");
+    let ttl = pttl(&name);
+    assert!(
+        ttl > 2_000 && ttl <= 3_002,
+        "{name}: PTTL {ttl} ms (3 s of emissions)"
+    );
+
+    let bucket = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+        10,
+        Duration::from_secs(10),
+    )))
+    .unwrap();
+    assert!(
+        rt.block_on(store.check(0, &[Check::new(&bucket, "tb", 2)]))
+            .unwrap()[0]
+            .allowed
+    );
+    let name = key_of("tb");
+    let ttl = pttl(&name);
+    assert!(
+        ttl > 1_000 && ttl <= 2_002,
+        "{name}: PTTL {ttl} ms (full again in 2 s)"
+    );
 }
 
 #[test]
@@ -681,6 +790,9 @@ fn a_request_the_script_fails_on_fails_alone_and_does_not_trip_the_breaker() {
             RedisStore::builder(server.url())
                 .prefix("p")
                 .circuit_breaker(3, Duration::from_secs(60))
+                // About script failures, not deadlines: a loaded test machine must not
+                // turn a call into a timeout.
+                .deadline(Duration::from_secs(2))
                 .connect(),
         )
         .unwrap();

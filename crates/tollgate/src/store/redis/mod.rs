@@ -8,6 +8,11 @@
 //! exactly as [`MemoryStore`](super::MemoryStore) does. Redis runs a script alone, so
 //! concurrent requests from any number of instances never lose an update.
 //!
+//! A request of one check without lockout (the usual case) takes its algorithm's
+//! short path in the script (`ALONE`: no undo log, few or no tables; the sliding log
+//! has none), which decides and writes exactly what the general path would; the
+//! differential tests run both.
+//!
 //! On a single Redis, concurrent requests share script calls: a batcher task sends
 //! every request waiting when its call in flight returns (up to 128 per call),
 //! and the script decides them one after another, each all or nothing on its own. A

@@ -13,6 +13,12 @@
 -- All or nothing, as the in-memory store: if a check not in shadow mode is rejected,
 -- every charge made by its request is taken back (lockouts stay), and the request's
 -- admitted checks are decided again without charging.
+-- A request of one check without lockout, not already rejected (most requests), goes
+-- to its algorithm's ALONE function when it has one: the same decision and the same
+-- state written, without the check table, the undo log and the calls between
+-- (tools/bench-lua.sh: 67,000-74,000 instructions of Redis per decision on the general
+-- path, 32,000-56,000 on ALONE, where a script doing nothing but GET and SET ... PX
+-- costs 31,000). The sliding log has no ALONE.
 SLACK_MS = tonumber(ARGV[1])
 local requests = tonumber(ARGV[2])
 local TIME_S, TIME_N
@@ -26,8 +32,7 @@ end
 
 local function put_state(c, st)
   local ttl = ttl_ms(c, st[1], st[2])
-  -- Redis turns a number argument into text slowly; format it ourselves.
-  redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', format('%d', ttl))
+  redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', px(ttl))
 end
 
 local function run(c, cost)
@@ -35,7 +40,9 @@ local function run(c, cost)
   local raw = redis.call('GET', c.key)
   local d, new = ALG[c.alg](c, unpack_state(c, raw), cost)
   if new then
-    if not saved[c.key] then
+    -- A lone check (MULTI false) has nothing to take back: a rejected check writes
+    -- no state (its lockout stays anyway).
+    if MULTI and not saved[c.key] then
       saved[c.key] = true
       UNDO[#UNDO + 1] = { 'state', c, raw }
     end
@@ -58,7 +65,7 @@ local function decide(c, cost)
   local d = run(c, cost)
   if d[1] == 0 and d[4] ~= NEVER then
     local s, n = later(c, c.lockout)
-    redis.call('SET', c.lock, struct.pack('dd', s, ns_of(c, n)), 'PX', format('%d', to_ms(c, c.lockout) + SLACK_MS))
+    redis.call('SET', c.lock, struct.pack('dd', s, ns_of(c, n)), 'PX', px(to_ms(c, c.lockout) + SLACK_MS))
     d[2], d[3], d[4] = 0, c.lockout, c.lockout
   end
   return d
@@ -73,7 +80,7 @@ local function undo_all()
         -- The very bytes read (not re-encoded at this check's tick, which may be
         -- coarser than the stored nanoseconds).
         local st = unpack_state(u[2], u[3])
-        redis.call('SET', u[2].key, u[3], 'PX', format('%d', ttl_ms(u[2], st[1], st[2])))
+        redis.call('SET', u[2].key, u[3], 'PX', px(ttl_ms(u[2], st[1], st[2])))
       else
         redis.call('DEL', u[2].key)
       end
@@ -86,9 +93,11 @@ end
 
 -- Decides one request's checks, all or nothing.
 local function decide_request(checks, count, forced)
-  UNDO = {}
-  saved = {}
+  -- Fresh tables only when the last request used them (most requests are one check
+  -- whose charge is never taken back, and a table per request is not free).
+  if UNDO[1] then UNDO = {} end
   MULTI = count > 1 or forced
+  if MULTI then saved = {} end
   local decisions, rejected = {}, forced
   for i = 1, count do
     local d = decide(checks[i], checks[i].cost)
@@ -104,7 +113,7 @@ local function decide_request(checks, count, forced)
   return decisions
 end
 
-local out, key = {}, 1
+local out, o, key = {}, 0, 1
 local unpack = struct.unpack
 for q = 1, requests do
   local blob = ARGV[2 + q]
@@ -120,58 +129,80 @@ for q = 1, requests do
     end
     NS, NN = TIME_S, TIME_N
   end
-  local checks = {}
-  for i = 1, count do
-    local alg, tick, limit, window, burst, r, wr, cost, shadow, lockout, queue, after =
+  -- A lone check with a fast path (ALONE) takes it: no tables, no undo log.
+  local alone = nil
+  if count == 1 and not forced then
+    local alg, tick, limit, window, burst, r, wr, cost, _, lockout, queue =
       unpack('<ddddddddddd', blob, pos)
-    pos = after
-    local c = {
-      alg = alg,
-      tick = tick,
-      limit = limit,
-      window = window,
-      burst = burst,
-      r = r,
-      wr = wr,
-      cost = cost,
-      shadow = shadow == 1,
-      lockout = lockout,
-      queue = queue == 1,
-      ns = NS,
-      nn = floor(NN / tick),
-      tps = 1000000000 / tick,
-      key = KEYS[key],
-    }
-    key = key + 1
-    if alg == 3 then
-      c.meta = KEYS[key]
+    if lockout == 0 then alone = ALONE[alg] end
+    if alone then
+      local ok, a, b, c, d, e = pcall(alone, KEYS[key], tick, limit, window, burst, r, wr,
+        cost, queue == 1, NS, (NN - NN % tick) / tick, 1000000000 / tick)
+      if not ok then
+        if type(a) == 'table' then a = a.err end
+        redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(a))
+        a, b, c, d, e = -2, 0, 0, 0, 0
+      end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = a, b, c, d, e
+      o = o + 5
       key = key + 1
     end
-    if lockout > 0 then
-      c.lock = KEYS[key]
-      key = key + 1
-    end
-    checks[i] = c
   end
+  if not alone then
+    local checks = {}
+    for i = 1, count do
+      local alg, tick, limit, window, burst, r, wr, cost, shadow, lockout, queue, after =
+        unpack('<ddddddddddd', blob, pos)
+      pos = after
+      local c = {
+        alg = alg,
+        tick = tick,
+        limit = limit,
+        window = window,
+        burst = burst,
+        r = r,
+        wr = wr,
+        cost = cost,
+        shadow = shadow == 1,
+        lockout = lockout,
+        queue = queue == 1,
+        ns = NS,
+        nn = (NN - NN % tick) / tick,
+        tps = 1000000000 / tick,
+        key = KEYS[key],
+      }
+      key = key + 1
+      if alg == 3 then
+        c.meta = KEYS[key]
+        key = key + 1
+      end
+      if lockout > 0 then
+        c.lock = KEYS[key]
+        key = key + 1
+      end
+      checks[i] = c
+    end
 
-  local ok, decisions = pcall(decide_request, checks, count, forced)
-  if not ok then
-    -- One request's failure (a key of the wrong type, say) fails that request
-    -- alone: its charges are taken back and it answers -2; the batch goes on.
-    pcall(undo_all)
-    local e = decisions
-    if type(e) == 'table' then e = e.err end
-    redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(e))
-    decisions = {}
-    for i = 1, count do decisions[i] = { -2, 0, 0, 0, 0 } end
-  end
-  for i = 1, count do
-    local d = decisions[i]
-    out[#out + 1] = d[1]
-    out[#out + 1] = d[2]
-    out[#out + 1] = d[3]
-    out[#out + 1] = d[4]
-    out[#out + 1] = d[5]
+    local ok, decisions = pcall(decide_request, checks, count, forced)
+    if not ok then
+      -- One request's failure (a key of the wrong type, say) fails that request
+      -- alone: its charges are taken back and it answers -2; the batch goes on.
+      pcall(undo_all)
+      local e = decisions
+      if type(e) == 'table' then e = e.err end
+      redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(e))
+      decisions = {}
+      for i = 1, count do decisions[i] = { -2, 0, 0, 0, 0 } end
+    end
+    for i = 1, count do
+      local d = decisions[i]
+      out[o + 1] = d[1]
+      out[o + 2] = d[2]
+      out[o + 3] = d[3]
+      out[o + 4] = d[4]
+      out[o + 5] = d[5]
+      o = o + 5
+    end
   end
 end
 return out

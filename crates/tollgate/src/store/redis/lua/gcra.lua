@@ -16,3 +16,18 @@ ALG[5] = function(c, st, cost)
   if room < 0 then room = 0 end
   return { 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0 }
 end
+
+-- ALG[5] for a lone check (see ALONE in fixed_window.lua).
+ALONE[5] = function(key, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
+  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+  local x = lone_bucket_ahead(redis.call('GET', key), tick, ns, nn, tps, r)
+  local tolerance = burst * wr
+  local new = x + cost * wr
+  if new <= tolerance then
+    if cost > 0 then lone_bucket_put(key, new, tick, ns, nn, tps, r) end
+    return 1, fdiv(tolerance - new, wr), cdiv(new, r), 0, 0
+  end
+  local room = tolerance - x
+  if room < 0 then room = 0 end
+  return 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0
+end

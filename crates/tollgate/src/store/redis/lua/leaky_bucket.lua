@@ -19,3 +19,21 @@ ALG[6] = function(c, st, cost)
   if room < 0 then room = 0 end
   return { 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0 }
 end
+
+-- ALG[6] for a lone check (see ALONE in fixed_window.lua).
+ALONE[6] = function(key, tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
+  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+  local level = lone_bucket_ahead(redis.call('GET', key), tick, ns, nn, tps, r)
+  local capacity = burst * wr
+  local need = cost * wr
+  if level + need <= capacity then
+    local new_level = level + need
+    if cost > 0 then lone_bucket_put(key, new_level, tick, ns, nn, tps, r) end
+    local delay = 0
+    if queue then delay = cdiv(level, r) end
+    return 1, fdiv(capacity - new_level, wr), cdiv(new_level, r), 0, delay
+  end
+  local room = capacity - level
+  if room < 0 then room = 0 end
+  return 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0
+end

@@ -14,6 +14,9 @@ local TWO53 = 9007199254740992
 local SLACK_MS = 0
 local UNDO = {}
 local ALG = {}
+-- Per algorithm code, optionally: the same decision for a request of one check with
+-- no lockout, written out without the driver's tables and calls (see driver.lua).
+local ALONE = {}
 local LOG_CHECK = nil
 local LOG_UNDO = nil
 -- Whether the request being decided has several checks: only then does a rejection
@@ -21,8 +24,10 @@ local LOG_UNDO = nil
 local MULTI = false
 
 -- q, r with a = q * b + r and 0 <= r < b, exact for integers a, b below 2^53.
+-- (x - x % 1 is floor(x), without a call to math.floor: Lua's % is floored.)
 local function divmod(a, b)
-  local q = floor(a / b)
+  local x = a / b
+  local q = x - x % 1
   local r = a - q * b
   if r < 0 then
     q = q - 1
@@ -126,14 +131,42 @@ end
 
 -- Stored instants keep their sub-second part in nanoseconds, whatever the tick, so a
 -- reload that moves a limit to another tick still reads its state right.
-local function ticks_of(c, ns) return floor(ns / c.tick) end
+local function ticks_of(c, ns)
+  local x = ns / c.tick
+  return x - x % 1
+end
 local function ns_of(c, ticks) return ticks * c.tick end
 
--- A duration in the check's ticks as whole milliseconds, rounded up.
-local function to_ms(c, dt)
-  if c.tick >= 1000000 then return dt * (c.tick / 1000000) end
-  return cdiv(dt, 1000000 / c.tick)
+-- A number of milliseconds as the text of a PX argument. Redis turns a number
+-- argument into text slowly, and string.format is not cheap either: the texts of the
+-- last TTL is kept, since the checks of a batch often share their window's end.
+local LAST_MS, LAST_PX = -1, '0'
+local function px(ms)
+  if ms ~= LAST_MS then
+    LAST_MS, LAST_PX = ms, format('%d', ms)
+  end
+  return LAST_PX
 end
+
+-- A duration in the check's ticks as whole milliseconds, rounded up.
+local function tick_to_ms(tick, dt)
+  if tick >= 1000000 then return dt * (tick / 1000000) end
+  -- cdiv(dt, m), written out: this runs for every key written.
+  local m = 1000000 / tick
+  local x = dt / m
+  local q = x - x % 1
+  local r = dt - q * m
+  if r < 0 then
+    q = q - 1
+    r = r + m
+  elseif r >= m then
+    q = q + 1
+    r = r - m
+  end
+  if r > 0 then q = q + 1 end
+  return q
+end
+local function to_ms(c, dt) return tick_to_ms(c.tick, dt) end
 
 -- Milliseconds (rounded up, plus the caller's slack, at least 1) until an instant: a
 -- key's TTL. A state that is already fresh is kept for the slack too, so that a clock
@@ -161,3 +194,23 @@ local function bucket_ahead(c, st)
   return ahead * c.r - st[3]
 end
 
+-- For a lone bucket check (ALONE): bucket_ahead of a state as GET returned it (nil:
+-- none), clamped at 0 as every bucket algorithm clamps it.
+local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+  if not raw then return 0 end
+  local s, sn, deficit = struct.unpack('ddd', raw)
+  local y = sn / tick
+  local ahead = (s - ns) * tps + ((y - y % 1) - nn)
+  if ahead < 0 then return 0 end
+  return ahead * r - deficit
+end
+
+-- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL.
+local function lone_bucket_put(key, x, tick, ns, nn, tps, r)
+  local whole = cdiv(x, r)
+  local q, n = divmod(nn + whole, tps)
+  local ms = SLACK_MS
+  if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
+  if ms < 1 then ms = 1 end
+  redis.call('SET', key, struct.pack('dddd', ns + q, n * tick, whole * r - x, 0), 'PX', px(ms))
+end

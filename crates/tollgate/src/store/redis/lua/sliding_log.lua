@@ -21,7 +21,7 @@ local function log_save_meta(c, k, used, es, en, keep_ttl)
   end
   -- The TTL counts from the real "now" (c), not the clamped one (k): after a clock
   -- step back the state matters for longer, not shorter.
-  local px = format('%d', ttl_ms(c, es, en))
+  local px = px(ttl_ms(c, es, en))
   redis.call('SET', c.meta, packed, 'PX', px)
   redis.call('PEXPIRE', c.key, px)
 end
@@ -117,7 +117,7 @@ LOG_UNDO = function(u)
     for i = #gone, 1, -1 do redis.call('LPUSH', c.key, gone[i]) end
     if meta_raw then
       local _, es, en = struct.unpack('ddd', meta_raw)
-      local px = format('%d', ttl_ms(c, es, ticks_of(c, en)))
+      local px = px(ttl_ms(c, es, ticks_of(c, en)))
       redis.call('SET', c.meta, meta_raw, 'PX', px)
       redis.call('PEXPIRE', c.key, px)
     end

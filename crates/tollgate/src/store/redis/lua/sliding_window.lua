@@ -49,3 +49,22 @@ ALG[2] = function(c, st, cost)
   end
   return { 0, remaining, reset, retry, 0 }
 end
+
+-- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
+-- the fields it reads, and the state read and written here.
+ALONE[2] = function(key, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
+  local raw = redis.call('GET', key)
+  local c = { tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps }
+  local st = { 0, 0, 0, 0 }
+  if raw then
+    local s, sn, prev, cur = struct.unpack('dddd', raw)
+    local y = sn / tick
+    st = { s, y - y % 1, prev, cur }
+  end
+  local d, new = ALG[2](c, st, cost)
+  if new then
+    local ms = ttl_ms(c, new[1], new[2])
+    redis.call('SET', key, struct.pack('dddd', new[1], new[2] * tick, new[3], new[4]), 'PX', px(ms))
+  end
+  return d[1], d[2], d[3], d[4], d[5]
+end

@@ -18,3 +18,21 @@ ALG[4] = function(c, st, cost)
   end
   return { 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0 }
 end
+
+-- ALG[4] for a lone check (no lockout, not already rejected), state read and written
+-- here (see ALONE in fixed_window.lua).
+ALONE[4] = function(key, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
+  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+  local x = lone_bucket_ahead(redis.call('GET', key), tick, ns, nn, tps, r)
+  local capacity = burst * wr
+  local missing = x
+  if missing > capacity then missing = capacity end
+  local tokens = capacity - missing
+  local need = cost * wr
+  if need <= tokens then
+    local left = tokens - need
+    if cost > 0 then lone_bucket_put(key, x + need, tick, ns, nn, tps, r) end
+    return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
+  end
+  return 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0
+end

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# What Tollgate's Redis script costs Redis, per decision, in instructions: stable on a
+# shared, noisy machine where CPU times are not (a benchmark, not a test).
+#
+# Runs redis-server under valgrind's callgrind on a free port, loads the script that
+# `tollgate redis-script <algorithm>` prints, and sends it CALLS script calls of BATCH
+# lone requests each (one check, Redis TIME, keys cycling over 10,000), as the batcher
+# of a busy `tollgate serve` does. Instructions are counted over those calls only
+# (warm-up excluded) and divided by the decisions. Cases:
+#   fixed_window 1s   every decision starts a new window (keys come back after > 1 s)
+#   fixed_window 1h   every decision lands in its key's current window
+#   token_bucket, gcra, leaky_bucket (queue), sliding_window: 1e9 per second
+#   floor             a script that only unpacks the request, GETs the key and SETs
+#                     it with PX: what any GET-then-SET script costs
+# Needs valgrind (callgrind_control), redis-server, redis-cli, python3.
+#
+# Usage: tools/bench-lua.sh      Environment: BATCH (32), CALLS (500), TOLLGATE (a
+# tollgate binary whose scripts to measure, e.g. an older build; default: build this tree)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+batch="${BATCH:-32}"
+calls="${CALLS:-500}"
+bin="${CARGO_TARGET_DIR:-$root/target}/release"
+
+die() { printf 'bench-lua: %s\n' "$*" >&2; exit 1; }
+for tool in valgrind callgrind_control redis-server redis-cli python3; do
+  command -v "$tool" >/dev/null || die "$tool is required (apt-get install valgrind redis-server redis-tools python3)"
+done
+if [[ -z "${TOLLGATE:-}" ]]; then
+  (cd "$root" && cargo build --release -q -p tollgate-server)
+fi
+tollgate="${TOLLGATE:-$bin/tollgate}"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cat >"$work/floor.lua" <<'LUA'
+local requests = tonumber(ARGV[2])
+local out, unpack = {}, struct.unpack
+redis.call('TIME')
+for q = 1, requests do
+  local blob = ARGV[2 + q]
+  local _, _, _, _, pos = unpack('<dddd', blob)
+  unpack('<ddddddddddd', blob, pos)
+  local raw, n = redis.call('GET', KEYS[q]), 0
+  if raw then n = select(3, unpack('ddd', raw)) end
+  redis.call('SET', KEYS[q], struct.pack('dddd', 1, 2, n + 1, 0), 'PX', '1000')
+  for i = 1, 5 do out[#out + 1] = 1 end
+end
+return out
+LUA
+
+# Writes CALLS (or $3) calls of BATCH lone requests in RESP: sha, check fields, calls.
+gen() {
+  python3 - "$1" "$2" "$3" "$batch" <<'PY'
+import struct, sys
+sha, fields, calls, batch = sys.argv[1], [float(x) for x in sys.argv[2].split()], int(sys.argv[3]), int(sys.argv[4])
+blob = struct.pack('<dddd', 0, 0, 0, 1) + struct.pack('<' + 'd' * 11, *fields)
+out, k = bytearray(), 0
+def bulk(b):
+    b = b if isinstance(b, bytes) else b.encode()
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+for _ in range(calls):
+    keys = []
+    for _ in range(batch):
+        keys.append("bench:{u%d}:0" % (k % 10000))
+        k += 1
+    args = ["EVALSHA", sha, str(batch)] + keys + ["1", str(batch)] + [blob] * batch
+    out += b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+sys.stdout.buffer.write(out)
+PY
+}
+
+free_port() {
+  local port
+  for _ in $(seq 1 100); do
+    port=$((20000 + RANDOM % 30000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
+  done
+  die "no free port found"
+}
+
+# Instructions per decision for one case: script file, the check's 11 fields.
+measure() {
+  local script="$1" fields="$2" port pid sha total
+  port="$(free_port)"
+  rm -f "$work"/cg.out*
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" redis-server --port "$port" \
+    --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >"$work/vg.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 150); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
+  sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")"
+  gen "$sha" "$fields" 320 | redis-cli -p "$port" --pipe >/dev/null
+  gen "$sha" "$fields" "$calls" >"$work/calls.resp"
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  redis-cli -p "$port" --pipe <"$work/calls.resp" >"$work/pipe.out"
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  wait "$pid" 2>/dev/null || true
+  grep -q "errors: 0" "$work/pipe.out" || die "the script failed: $(cat "$work/pipe.out")"
+  total="$(cat "$work"/cg.out.* | sed -n 's/^summary: //p' | sort -n | tail -1)"
+  awk -v t="$total" -v n="$((batch * calls))" 'BEGIN { printf "%.0f", t / n }'
+}
+
+script() { "$tollgate" redis-script "$1" >"$work/$1.lua"; echo "$work/$1.lua"; }
+
+# Fields: algorithm, tick, limit, window, burst, r, window/gcd, cost, shadow, lockout, queue.
+printf '%-28s %s\n' "case (batch $batch)" "instructions per decision"
+printf '%-28s %s\n' "fixed_window 1s" "$(measure "$(script fixed_window)" "1 1 1e9 1e9 0 1 1 1 0 0 0")"
+printf '%-28s %s\n' "fixed_window 1h" "$(measure "$work/fixed_window.lua" "1 1 1e9 3.6e12 0 1 3600 1 0 0 0")"
+printf '%-28s %s\n' "sliding_window 1s" "$(measure "$(script sliding_window)" "2 1 1e9 1e9 0 1 1 1 0 0 0")"
+printf '%-28s %s\n' "token_bucket" "$(measure "$(script token_bucket)" "4 1 1e9 1e9 1e9 1 1 1 0 0 0")"
+printf '%-28s %s\n' "gcra" "$(measure "$(script gcra)" "5 1 1e9 1e9 1e9 1 1 1 0 0 0")"
+printf '%-28s %s\n' "leaky_bucket (queue)" "$(measure "$(script leaky_bucket)" "6 1 1e9 1e9 1e9 1 1 1 0 0 1")"
+printf '%-28s %s\n' "floor: GET + SET PX only" "$(measure "$work/floor.lua" "1 1 1e9 1e9 0 1 1 1 0 0 0")"
