@@ -149,12 +149,11 @@ pub struct CommonArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
     /// Total requests per second, paced open-loop (request `i` is scheduled at
-    /// `start + i/R`). Latency is then measured from each request's scheduled
-    /// start, so time spent waiting for a free worker (all `--concurrency` busy)
-    /// counts (no coordinated omission); only the wake-up delay of an idle worker's
-    /// timer (tokio timers tick in milliseconds) is not charged. Without `--rate`
-    /// the run is closed-loop: each worker sends its next request as soon as the
-    /// previous one is answered.
+    /// `start + i/R`; a pacer thread releases due requests every 200 us). Latency is
+    /// then measured from each request's scheduled start, so time spent waiting for a
+    /// free worker (all `--concurrency` busy) counts (no coordinated omission), and so
+    /// does the pacer's own delay. Without `--rate` the run is closed-loop: each
+    /// worker sends its next request as soon as the previous one is answered.
     #[arg(short, long, env = "TOLLGATE_LOAD_RATE", value_parser = parse_rate)]
     pub rate: Option<f64>,
     /// Unmeasured warm-up before the run (same load), e.g. `1s`; `0s` for none.
