@@ -138,7 +138,7 @@ end
 local function ns_of(c, ticks) return ticks * c.tick end
 
 -- A number of milliseconds as the text of a PX argument. Redis turns a number
--- argument into text slowly, and string.format is not cheap either: the texts of the
+-- argument into text slowly, and string.format is not cheap either: the text of the
 -- last TTL is kept, since the checks of a batch often share their window's end.
 local LAST_MS, LAST_PX = -1, '0'
 local function px(ms)
