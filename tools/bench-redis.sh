@@ -8,7 +8,8 @@
 #      64, DURATION, 10,000 keys: max decisions/s, the server's CPU per decision
 #      (--server-pid) and Redis's CPU per decision (/proc/PID/task/*/schedstat);
 #   2. open loop at half that rate: p99; the same rate against tollgate serve on the
-#      in-memory store gives the p99 that Redis adds;
+#      in-memory store gives the p99 that Redis adds; and how long per second tollgate's
+#      and Redis's threads ran and waited in the run queue for a CPU on the Redis run;
 #   3. the ceiling: the same EVALSHA over 64 connections, one call in flight each
 #      (tollgate-load redis: redis-benchmark cannot send the script's binary argument),
 #      and Redis's CPU per call; redis-benchmark SET as this machine's yardstick;
@@ -92,7 +93,14 @@ serve() {
 }
 
 field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
-cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f", s }'; }
+# Nanoseconds PID's threads have run and have waited in the run queue for a CPU.
+sched_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ r += $1; w += $2 } END { printf "%.0f %.0f", r, w }'; }
+# "ran / waited" in ms per second of wall clock between two snapshots.
+per_second() {
+  awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
+    'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
+}
 evalsha_calls() {
   redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
     sed -nE 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
@@ -118,7 +126,11 @@ redis_cpu_tg="$(awk -v a="$r0" -v b="$r1" -v n="$decisions" 'BEGIN { printf "%.1
 
 half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
 log "2. open loop at $half/s: on Redis, then on the in-memory store..."
+read -r tr0 tw0 <<<"$(sched_ns "$redis_tg")"; read -r rr0 rw0 <<<"$(sched_ns "$redis_pid")"; t0="$(date +%s%N)"
 open_r="$(load "$grpc_r" --keys "$keys" --duration "$duration" --rate "$half")"
+read -r tr1 tw1 <<<"$(sched_ns "$redis_tg")"; read -r rr1 rw1 <<<"$(sched_ns "$redis_pid")"; t1="$(date +%s%N)"
+sched_tg="$(per_second "$tr0" "$tw0" "$t0" "$tr1" "$tw1" "$t1")"
+sched_redis="$(per_second "$rr0" "$rw0" "$t0" "$rr1" "$rw1" "$t1")"
 open_m="$(load "$grpc_m" --keys "$keys" --duration "$duration" --rate "$half")"
 p99_r="$(field "$open_r" p99)"; p99_m="$(field "$open_m" p99)"
 p50_r="$(field "$open_r" p50)"; p50_m="$(field "$open_m" p50)"
@@ -155,4 +167,6 @@ printf '%-44s %s\n' "Redis CPU us per decision (via tollgate)" "$redis_cpu_tg"
 printf '%-44s %s\n' "Redis CPU us per call (ceiling run)" "$redis_cpu_rb"
 printf '%-44s %s\n' "p50 / p99 us at $half/s, Redis" "$p50_r / $p99_r"
 printf '%-44s %s\n' "p50 / p99 us at $half/s, in-memory" "$p50_m / $p99_m"
+printf '%-44s %s\n' "tollgate ran / waited ms/s, half load, Redis" "$sched_tg"
+printf '%-44s %s\n' "Redis ran / waited ms/s, half load" "$sched_redis"
 printf '%-44s %s\n' "hammered key: rejected, Redis calls/reject" "$rejected, $per_reject"

@@ -6,7 +6,9 @@
 # waits for GET /readyz to answer 200, then for each API:
 #   1. closed loop, concurrency 64, 10 s, 10,000 keys, with the server's CPU time
 #      (--server-pid): the maximum throughput;
-#   2. open loop at half that rate for 10 s: the p99 latency at half load.
+#   2. open loop at half that rate for 10 s: the p99 latency at half load, and how
+#      long per second the server's threads ran and waited in the run queue for a CPU
+#      (/proc/PID/task/*/schedstat; the wait is time the two cores were taken).
 # Prints a table and stops the server on exit. Needs bash, cargo and curl.
 #
 # The load generator runs on the same machine as the server and competes with it for
@@ -110,6 +112,16 @@ load() {
     --concurrency "$concurrency" --duration "$duration" --json --quiet "$@"
 }
 
+# Nanoseconds PID's threads have run and have waited in the run queue for a CPU
+# (/proc/PID/task/*/schedstat fields 1 and 2), and the wall clock.
+sched_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ r += $1; w += $2 } END { printf "%.0f %.0f", r, w }'; }
+now_ns() { date +%s%N; }
+# "ran / waited" in ms per second of wall clock between two sched_ns/now_ns snapshots.
+per_second() {
+  awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
+    'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
+}
+
 # Warns on stderr if a report shows errors.
 check_errors() {
   local errors
@@ -131,13 +143,17 @@ for mode in grpc check; do
   half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
   [[ "$half" -gt 0 ]] || die "$mode: no throughput measured"
   log "$mode: open loop at $half req/s, $duration..."
+  read -r run0 wait0 <<<"$(sched_ns "$server_pid")"; t0="$(now_ns)"
   open="$(load "$mode" --rate "$half")"
+  read -r run1 wait1 <<<"$(sched_ns "$server_pid")"; t1="$(now_ns)"
   log "  $open"
   check_errors "$mode open loop" "$open"
   p99="$(field "$open" p99)"
+  sched="$(per_second "$run0" "$wait0" "$t0" "$run1" "$wait1" "$t1")"
 
-  rows+=("$(printf '%-6s %10.0f %18s %18s' "$mode" "$rps" "$cpu" "$p99")")
+  rows+=("$(printf '%-6s %10.0f %18s %18s %24s' "$mode" "$rps" "$cpu" "$p99" "$sched")")
 done
 
-printf '\n%-6s %10s %18s %18s\n' "mode" "max req/s" "server CPU us/req" "p99 us @ half max"
+printf '\n%-6s %10s %18s %18s %24s\n' "mode" "max req/s" "server CPU us/req" "p99 us @ half max" \
+  "server ran/waited ms/s"
 printf '%s\n' "${rows[@]}"
