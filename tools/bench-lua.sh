@@ -23,7 +23,9 @@ batch="${BATCH:-32}"
 calls="${CALLS:-500}"
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
-die() { printf 'bench-lua: %s\n' "$*" >&2; exit 1; }
+bench_name=bench-lua
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 for tool in valgrind callgrind_control redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || die "$tool is required (apt-get install valgrind redis-server redis-tools python3)"
 done
@@ -72,14 +74,6 @@ sys.stdout.buffer.write(out)
 PY
 }
 
-free_port() {
-  local port
-  for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
-  done
-  die "no free port found"
-}
 
 # Instructions per decision for one case: script file, the check's 11 fields.
 measure() {

@@ -66,8 +66,9 @@ tg_bin="${TOLLGATE_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/tollgate}"
 nginx_bin="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
 keep_tmp="${KEEP_TMP:-}"
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-proxy: $*"; exit 1; }
+bench_name=bench-proxy
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 
 for tool in wrk curl pgrep getconf; do
   command -v "$tool" >/dev/null || die "$tool is required (apt-get install -y wrk curl procps)"
@@ -164,22 +165,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# ---------------------------------------------------------------------------------
-# Ports
-# ---------------------------------------------------------------------------------
-# A loopback port nobody listens on (there is a small race until the server binds it;
-# the readiness check catches a server that could not start).
-free_port() {
-  local port
-  for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
 up_port="${UP_PORT:-$(free_port)}"
 nginx_port="${NGINX_PORT:-$(free_port)}"
 while [[ "$nginx_port" == "$up_port" ]]; do nginx_port="$(free_port)"; done

@@ -26,8 +26,9 @@ concurrency="${CONCURRENCY:-64}"
 keys=10000
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-redis: $*"; exit 1; }
+bench_name=bench-redis
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 for tool in redis-server redis-cli redis-benchmark curl; do
   command -v "$tool" >/dev/null || die "$tool is required (apt-get install redis-server redis-tools curl)"
 done
@@ -45,14 +46,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-  local port
-  for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
-  done
-  die "no free port found"
-}
 
 redis_port="$(free_port)"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
@@ -92,15 +85,6 @@ serve() {
   die "tollgate serve did not become ready"
 }
 
-field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
-cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f", s }'; }
-# Nanoseconds PID's threads have run and have waited in the run queue for a CPU.
-sched_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ r += $1; w += $2 } END { printf "%.0f %.0f", r, w }'; }
-# "ran / waited" in ms per second of wall clock between two snapshots.
-per_second() {
-  awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
-    'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
-}
 evalsha_calls() {
   redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
     sed -nE 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
@@ -126,9 +110,9 @@ redis_cpu_tg="$(awk -v a="$r0" -v b="$r1" -v n="$decisions" 'BEGIN { printf "%.1
 
 half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
 log "2. open loop at $half/s: on Redis, then on the in-memory store..."
-read -r tr0 tw0 <<<"$(sched_ns "$redis_tg")"; read -r rr0 rw0 <<<"$(sched_ns "$redis_pid")"; t0="$(date +%s%N)"
+read -r tr0 tw0 <<<"$(sched_ns "$redis_tg")"; read -r rr0 rw0 <<<"$(sched_ns "$redis_pid")"; t0="$(now_ns)"
 open_r="$(load "$grpc_r" --keys "$keys" --duration "$duration" --rate "$half")"
-read -r tr1 tw1 <<<"$(sched_ns "$redis_tg")"; read -r rr1 rw1 <<<"$(sched_ns "$redis_pid")"; t1="$(date +%s%N)"
+read -r tr1 tw1 <<<"$(sched_ns "$redis_tg")"; read -r rr1 rw1 <<<"$(sched_ns "$redis_pid")"; t1="$(now_ns)"
 sched_tg="$(per_second "$tr0" "$tw0" "$t0" "$tr1" "$tw1" "$t1")"
 sched_redis="$(per_second "$rr0" "$rw0" "$t0" "$rr1" "$rw1" "$t1")"
 open_m="$(load "$grpc_m" --keys "$keys" --duration "$duration" --rate "$half")"

@@ -29,8 +29,9 @@ grpc_transport="${GRPC_TRANSPORT:-native}" # tollgate serve --grpc-transport
 load_transport="${LOAD_TRANSPORT:-native}" # tollgate-load grpc --transport
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-service: $*"; exit 1; }
+bench_name=bench-service
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 
 command -v curl >/dev/null || die "curl is required"
 
@@ -59,19 +60,6 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 EOF
 
-# A loopback port nobody listens on (there is a small race until the server binds it;
-# the readiness check below catches a server that could not start).
-free_port() {
-  local port
-  for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
 grpc_port="$(free_port)"
 http_port="$(free_port)"
 while [[ "$http_port" == "$grpc_port" ]]; do http_port="$(free_port)"; done
@@ -97,9 +85,6 @@ if [[ -z "$ready" ]]; then
   die "tollgate serve did not answer 200 on /readyz within 30 s"
 fi
 
-# Field of tollgate-load's one-line JSON report (keys are unique in it).
-field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
-
 # Runs tollgate-load in MODE with extra flags, prints its JSON report on stdout.
 load() {
   local mode="$1"; shift
@@ -110,16 +95,6 @@ load() {
   esac
   "$bin/tollgate-load" "$mode" "${target[@]}" --keys "$keys" \
     --concurrency "$concurrency" --duration "$duration" --json --quiet "$@"
-}
-
-# Nanoseconds PID's threads have run and have waited in the run queue for a CPU
-# (/proc/PID/task/*/schedstat fields 1 and 2), and the wall clock.
-sched_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ r += $1; w += $2 } END { printf "%.0f %.0f", r, w }'; }
-now_ns() { date +%s%N; }
-# "ran / waited" in ms per second of wall clock between two sched_ns/now_ns snapshots.
-per_second() {
-  awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
-    'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
 }
 
 # Warns on stderr if a report shows errors.

@@ -1,0 +1,39 @@
+# Helpers shared by the benchmark scripts in tools/ (sourced, not run). The script
+# sets `bench_name` (for messages) before sourcing.
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "${bench_name:-bench}: $*"; exit 1; }
+
+# A loopback port nobody listens on (there is a small race until a server binds it;
+# the scripts' readiness checks catch a server that could not start).
+free_port() {
+  local port
+  for _ in $(seq 1 100); do
+    port=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  die "no free port found"
+}
+
+# Field of tollgate-load's one-line JSON report (keys are unique in it).
+field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
+
+# Nanoseconds PID's threads have run (/proc/PID/task/*/schedstat field 1), in full
+# (mawk's `print` keeps 6 digits and its %d stops at 2^31).
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f", s }'; }
+
+# Nanoseconds PID's threads have run and have waited in the run queue for a CPU.
+sched_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ r += $1; w += $2 } END { printf "%.0f %.0f", r, w }'; }
+
+# The wall clock in nanoseconds.
+now_ns() { date +%s%N; }
+
+# "ran / waited" in ms per second of wall clock between two sched_ns and now_ns
+# snapshots: per_second RUN0 WAIT0 T0 RUN1 WAIT1 T1.
+per_second() {
+  awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
+    'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
+}
