@@ -278,6 +278,7 @@ impl RedisStoreBuilder {
             }
             Connection::Cluster(_) => None,
         };
+        tokio::spawn(check_version(shared.conn.clone()));
         Ok(RedisStore {
             shared,
             queue,
@@ -576,6 +577,42 @@ impl ScriptCall {
     }
 }
 
+/// The oldest Redis the scripts run on: `SET … KEEPTTL` came in 6.0.
+const MIN_REDIS: (u32, u32) = (6, 0);
+
+/// Asks Redis its version once, in the background, and logs an error when it is older
+/// than [`MIN_REDIS`] (the scripts would then fail on every request, each answered by
+/// its failure mode). A Redis not reachable yet is not waited for.
+async fn check_version(mut conn: Connection) {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("server");
+    let info = cmd.query_async::<String>(&mut conn);
+    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(2), info).await else {
+        return;
+    };
+    if let Some((version, false)) = version_supported(&info) {
+        tracing::error!(
+            "Redis {version} is too old: Tollgate's scripts need Redis {}.{} or later; \
+             every request to it will fail and be answered by its rule's failure mode",
+            MIN_REDIS.0,
+            MIN_REDIS.1
+        );
+    }
+}
+
+/// The `redis_version` in an `INFO server` reply, and whether it is at least
+/// [`MIN_REDIS`]; `None` when the reply names no version.
+fn version_supported(info: &str) -> Option<(&str, bool)> {
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))?
+        .trim();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next().flatten()?;
+    let minor = parts.next().flatten().unwrap_or(0);
+    Some((version, (major, minor) >= MIN_REDIS))
+}
+
 /// Runs script calls for the queued requests: each call takes every request waiting
 /// (up to [`MAX_BATCH`]) when one of its in-flight slots is free, so batches
 /// grow with the load and a lone request never waits for company.
@@ -764,5 +801,16 @@ mod tests {
         }
         assert!(parse_url("memory").is_err());
         assert!(parse_url("redis+cluster://").is_err());
+    }
+
+    #[test]
+    fn redis_older_than_6_0_is_named_too_old() {
+        let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
+        assert_eq!(version_supported(&info("7.0.15")), Some(("7.0.15", true)));
+        assert_eq!(version_supported(&info("6.0.0")), Some(("6.0.0", true)));
+        assert_eq!(version_supported(&info("5.0.14")), Some(("5.0.14", false)));
+        assert_eq!(version_supported(&info("10.2")), Some(("10.2", true)));
+        assert_eq!(version_supported("# Server\r\nos:Linux\r\n"), None);
+        assert_eq!(version_supported(&info("unstable")), None);
     }
 }
