@@ -151,20 +151,7 @@ end
 -- A duration in the check's ticks as whole milliseconds, rounded up.
 local function tick_to_ms(tick, dt)
   if tick >= 1000000 then return dt * (tick / 1000000) end
-  -- cdiv(dt, m), written out: this runs for every key written.
-  local m = 1000000 / tick
-  local x = dt / m
-  local q = x - x % 1
-  local r = dt - q * m
-  if r < 0 then
-    q = q - 1
-    r = r + m
-  elseif r >= m then
-    q = q + 1
-    r = r - m
-  end
-  if r > 0 then q = q + 1 end
-  return q
+  return cdiv(dt, 1000000 / tick)
 end
 local function to_ms(c, dt) return tick_to_ms(c.tick, dt) end
 
