@@ -131,14 +131,21 @@ fn a_crashed_instance_leaks_nothing() {
         "the leases are still there"
     );
 
-    // Once the leases expire, B gets all 3 permits.
+    // Once the leases expire, B gets all 3 permits. A took them one after another, so
+    // they expire a few milliseconds apart: each is waited for.
     rt.block_on(async {
-        let first = eventually(Duration::from_secs(3), "A's leases expire", || {
+        let first = eventually(Duration::from_secs(3), "A's 1st lease expires", || {
             take(&b, b"k", 3)
         })
         .await;
-        let second = take(&b, b"k", 3).await.expect("2nd");
-        let third = take(&b, b"k", 3).await.expect("3rd");
+        let second = eventually(Duration::from_secs(1), "A's 2nd lease expires", || {
+            take(&b, b"k", 3)
+        })
+        .await;
+        let third = eventually(Duration::from_secs(1), "A's 3rd lease expires", || {
+            take(&b, b"k", 3)
+        })
+        .await;
         assert!(take(&b, b"k", 3).await.is_none());
         assert_eq!(
             zcard(port, &b.key_name(b"k")),
