@@ -25,6 +25,26 @@ pub mod server;
 pub use client::{ClientConn, Reply};
 pub use server::{Call, ServerConn, ServerSettings};
 
+/// Writes what it can of `out` with a non-blocking `write` (a socket's `try_write`)
+/// and drops the written bytes from the front; a write that would block is not an
+/// error (the rest waits for the next turn). Both sides' connection loops use it.
+pub fn write_some(
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&[u8]) -> std::io::Result<usize>,
+) -> std::io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    match write(out) {
+        Ok(n) => {
+            out.drain(..n);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// HTTP/2 error codes (RFC 9113 §7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[repr(u32)]
@@ -78,5 +98,27 @@ impl ConnError {
             code,
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::write_some;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn write_some_drops_what_was_written_and_waits_on_would_block() {
+        let mut out = b"abcdef".to_vec();
+        write_some(&mut out, |b| Ok(b.len().min(4))).unwrap();
+        assert_eq!(out, b"ef");
+        write_some(&mut out, |_| Err(Error::from(ErrorKind::WouldBlock))).unwrap();
+        assert_eq!(out, b"ef", "nothing written, nothing lost");
+        let e = write_some(&mut out, |_| Err(Error::from(ErrorKind::BrokenPipe)));
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::BrokenPipe);
+        let mut empty = Vec::new();
+        write_some(&mut empty, |_| {
+            panic!("not called when there is nothing to write")
+        })
+        .unwrap();
     }
 }

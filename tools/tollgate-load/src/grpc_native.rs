@@ -131,14 +131,8 @@ async fn connection(
             }
         }
         out.append(conn.output());
-        if !out.is_empty() {
-            match wr.try_write(&out) {
-                Ok(n) => {
-                    out.drain(..n);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => break format!("write failed: {e}"),
-            }
+        if let Err(e) = tollgate_h2::write_some(&mut out, |b| wr.try_write(b)) {
+            break format!("write failed: {e}");
         }
         if !open && queue.is_empty() && waiting.is_empty() {
             return;

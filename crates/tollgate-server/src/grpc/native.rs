@@ -92,17 +92,9 @@ async fn connection(
             respond(&mut conn, stream, reply);
         }
         out.append(conn.output());
-        if !out.is_empty() {
-            match wr.try_write(&out) {
-                Ok(n) => {
-                    out.drain(..n);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    debug!(%peer, "gRPC connection: write failed: {e}");
-                    return;
-                }
-            }
+        if let Err(e) = tollgate_h2::write_some(&mut out, |b| wr.try_write(b)) {
+            debug!(%peer, "gRPC connection: write failed: {e}");
+            return;
         }
         if out.is_empty() && conn.is_done() {
             return;
