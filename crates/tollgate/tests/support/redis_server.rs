@@ -66,32 +66,50 @@ pub fn command(port: u16, line: &str) -> std::io::Result<String> {
 impl RedisServer {
     /// Starts a plain Redis.
     pub fn start() -> Self {
-        Self::spawn(free_port(), false)
+        Self::spawn(false, &[])
     }
 
-    fn spawn(port: u16, cluster: bool) -> Self {
+    /// Starts a Redis on a free port other than `avoid`. A port found free can be
+    /// taken before Redis binds it (another test's client may get it as its local
+    /// port), so a Redis that exits at start is tried again on a new port.
+    fn spawn(cluster: bool, avoid: &[u16]) -> Self {
         require("redis-server");
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut server = Self {
-            child: None,
-            port,
-            dir,
-            cluster,
-        };
-        server.launch();
-        server
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let port = loop {
+                let p = free_port();
+                if !avoid.contains(&p) {
+                    break p;
+                }
+            };
+            let dir =
+                std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut server = Self {
+                child: None,
+                port,
+                dir,
+                cluster,
+            };
+            match server.launch() {
+                Ok(()) => return server,
+                Err(why) => failures.push(format!("port {port}: {why}")),
+            }
+        }
+        panic!("redis-server did not start:\n{}", failures.join("\n"));
     }
 
-    fn launch(&mut self) {
+    /// Starts `redis-server` on `self.port`; on failure, says why (its log).
+    fn launch(&mut self) -> Result<(), String> {
+        let log = self.dir.join("redis.log");
+        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--loglevel", "warning", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(Stdio::null());
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes"])
@@ -101,17 +119,21 @@ impl RedisServer {
                 ])
                 .args(["--cluster-node-timeout", "2000"]);
         }
-        self.child = Some(cmd.spawn().unwrap());
+        let child = self.child.insert(cmd.spawn().map_err(|e| e.to_string())?);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if command(self.port, "PING").is_ok_and(|r| r.starts_with("+PONG")) {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} did not start",
-                self.port
-            );
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || Instant::now() >= deadline {
+                self.kill();
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(match exited {
+                    Some(status) => format!("exited ({status}): {}", said.trim()),
+                    None => format!("no PONG within 10 s: {}", said.trim()),
+                });
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -129,10 +151,23 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port, empty (scripts and keys gone).
+    /// Starts it again on the same port, empty (scripts and keys gone). If the port
+    /// was taken meanwhile, tries again for a few seconds.
     pub fn restart(&mut self) {
         self.kill();
-        self.launch();
+        let mut failures = Vec::new();
+        for _ in 0..10 {
+            match self.launch() {
+                Ok(()) => return,
+                Err(why) => failures.push(why),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        panic!(
+            "redis-server did not start again on {}:\n{}",
+            self.port,
+            failures.join("\n")
+        );
     }
 
     /// SIGSTOP / SIGCONT: the server keeps its connections but answers nothing.
@@ -180,14 +215,12 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start() -> Self {
         require("redis-cli");
-        let mut ports: Vec<u16> = Vec::new();
-        while ports.len() < 3 {
-            let p = free_port();
-            if !ports.contains(&p) {
-                ports.push(p);
-            }
+        let mut nodes: Vec<RedisServer> = Vec::new();
+        while nodes.len() < 3 {
+            let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+            nodes.push(RedisServer::spawn(true, &taken));
         }
-        let nodes: Vec<RedisServer> = ports.iter().map(|&p| RedisServer::spawn(p, true)).collect();
+        let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
