@@ -58,7 +58,8 @@ pub struct ClientConn {
     decoder: hpack::Decoder,
     authority: Vec<u8>,
     next_stream: u32,
-    streams: HashMap<u32, Open>,
+    /// Keyed with aHash (random keys, like std's SipHash, and cheaper per call).
+    streams: HashMap<u32, Open, ahash::RandomState>,
     settled: bool,
     indexed: bool,
     /// The server's `SETTINGS_HEADER_TABLE_SIZE` (the size of the table our fields go to).
@@ -93,7 +94,7 @@ impl ClientConn {
             decoder: hpack::Decoder::new(4096),
             authority: authority.as_bytes().to_vec(),
             next_stream: 1,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             settled: false,
             indexed: false,
             peer_table_size: 4096,

@@ -115,7 +115,8 @@ pub struct ServerConn {
     settings: ServerSettings,
     phase: Phase,
     decoder: hpack::Decoder,
-    streams: HashMap<u32, Stream>,
+    /// Keyed with aHash (random keys, like std's SipHash, and cheaper per call).
+    streams: HashMap<u32, Stream, ahash::RandomState>,
     last_stream: u32,
     continuation: Option<Continuation>,
     peer_max_frame: usize,
@@ -156,7 +157,7 @@ impl ServerConn {
             settings,
             phase: Phase::Preface,
             decoder,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             last_stream: 0,
             continuation: None,
             peer_max_frame: frame::DEFAULT_MAX_FRAME,

@@ -20,8 +20,10 @@
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
 
-use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock};
+
+use hashbrown::{Equivalent, HashMap};
 
 use parking_lot::RwLock;
 use prometheus_client::encoding::text::encode;
@@ -80,12 +82,28 @@ pub struct Metrics {
     circuit_open: Gauge,
     /// Each rule's counters, resolved once: a decision then costs one map lookup
     /// instead of three label-set lookups and two allocations.
-    rules: RwLock<HashMap<RuleKey, Arc<RuleCounters>>>,
+    rules: RwLock<HashMap<RuleKey, Arc<RuleCounters>, ahash::RandomState>>,
     near_limit_ratio: f64,
 }
 
 /// A rule's (domain, path).
 type RuleKey = (Arc<str>, Arc<str>);
+
+/// A [`RuleKey`] borrowed, to look one up without cloning its two `Arc`s; it hashes as
+/// the tuple does.
+struct RuleRef<'a>(&'a str, &'a str);
+
+impl Hash for RuleRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.0, self.1).hash(state);
+    }
+}
+
+impl Equivalent<RuleKey> for RuleRef<'_> {
+    fn equivalent(&self, key: &RuleKey) -> bool {
+        self.0 == &*key.0 && self.1 == &*key.1
+    }
+}
 
 /// The per-rule counter families, indexing [`RuleCounters::slots`].
 #[derive(Clone, Copy)]
@@ -246,7 +264,7 @@ impl Metrics {
             redis_calls,
             circuit_opened,
             circuit_open,
-            rules: RwLock::new(HashMap::new()),
+            rules: RwLock::new(HashMap::default()),
             near_limit_ratio,
         }
     }
@@ -300,7 +318,7 @@ impl Metrics {
     /// The counters of the rule at (`domain`, `path`); past [`MAX_RULE_SERIES`] rules,
     /// new ones count under the path `_overflow` (not cached).
     fn rule(&self, domain: &Arc<str>, path: &Arc<str>) -> Arc<RuleCounters> {
-        let key = (Arc::clone(domain), Arc::clone(path));
+        let key = RuleRef(domain, path);
         if let Some(rule) = self.rules.read().get(&key) {
             return Arc::clone(rule);
         }
@@ -318,7 +336,7 @@ impl Metrics {
             descriptor,
         }));
         if rules.len() < MAX_RULE_SERIES {
-            rules.insert(key, Arc::clone(&rule));
+            rules.insert((Arc::clone(domain), Arc::clone(path)), Arc::clone(&rule));
         }
         rule
     }

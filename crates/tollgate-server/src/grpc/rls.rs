@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as WireUnit, Code as WireCode, DescriptorStatus as WireStatus,
     RateLimit as WireLimit,
@@ -23,7 +22,7 @@ use tollgate::limiter::{
 use tollgate::rules::Unit;
 
 use crate::service::Service;
-use tollgate::http::headers::{headers, problem_body};
+use tollgate::http::headers::{headers, problem_body, HeaderSettings};
 
 /// The tonic service.
 pub struct Rls {
@@ -58,15 +57,25 @@ pub enum Failure {
     Unavailable(String),
 }
 
-/// `ShouldRateLimit` for any transport: wire request → [`Service::decide`] → wire
-/// response.
+/// `ShouldRateLimit` through envoy-types' structs (tonic): wire request →
+/// [`decide_request`] → wire response.
 pub async fn answer(service: &Service, wire: WireRequest) -> Result<WireResponse, Failure> {
     let request = from_wire(wire).map_err(|e| {
         service.metrics.invalid_request();
         Failure::InvalidArgument(e)
     })?;
-    match service.decide(&request).await {
-        Ok(response) => Ok(to_wire(&response, service)),
+    let response = decide_request(service, &request).await?;
+    Ok(to_wire(&response, service))
+}
+
+/// The decision for a request already read off the wire (by [`from_wire`], or by
+/// the native transport's `grpc::decode`), through [`Service::decide`].
+pub async fn decide_request(
+    service: &Service,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, Failure> {
+    match service.decide(request).await {
+        Ok(response) => Ok(response),
         Err(limiter::Error::InvalidRequest(why)) => Err(Failure::InvalidArgument(why)),
         Err(e) => Err(Failure::Unavailable(e.to_string())),
     }
@@ -78,13 +87,26 @@ pub fn from_wire(wire: WireRequest) -> Result<RateLimitRequest, String> {
         .descriptors
         .into_iter()
         .enumerate()
-        .map(|(i, d)| descriptor_from_wire(i, d))
+        .map(|(i, d)| {
+            descriptor(
+                i,
+                d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                d.limit.map(|o| (o.requests_per_unit, o.unit)),
+                d.hits_addend.map(|h| h.value),
+                d.is_negative_hits,
+            )
+        })
         .collect::<Result<Vec<_>, String>>()?;
-    let request = RateLimitRequest {
+    validated(RateLimitRequest {
         domain: wire.domain,
         descriptors,
         hits_addend: u64::from(wire.hits_addend),
-    };
+    })
+}
+
+/// `request` if it is valid (a domain, descriptors, entries with keys), else what is
+/// wrong with it.
+pub(crate) fn validated(request: RateLimitRequest) -> Result<RateLimitRequest, String> {
     request.validate().map_err(|e| match e {
         limiter::Error::InvalidRequest(why) => why,
         other => other.to_string(),
@@ -92,24 +114,32 @@ pub fn from_wire(wire: WireRequest) -> Result<RateLimitRequest, String> {
     Ok(request)
 }
 
-fn descriptor_from_wire(i: usize, d: RateLimitDescriptor) -> Result<Descriptor, String> {
-    if d.is_negative_hits {
+/// Descriptor `i` of a wire request, from its fields: the entries, the limit
+/// override's (`requests_per_unit`, `unit`), `hits_addend` and `is_negative_hits`.
+pub(crate) fn descriptor(
+    i: usize,
+    entries: Vec<(String, String)>,
+    limit: Option<(u32, i32)>,
+    hits_addend: Option<u64>,
+    is_negative_hits: bool,
+) -> Result<Descriptor, String> {
+    if is_negative_hits {
         return Err(format!(
             "descriptor {i}: is_negative_hits (returning hits) is not supported"
         ));
     }
-    let limit = match d.limit {
+    let limit = match limit {
         None => None,
-        Some(o) => Some(LimitOverride {
-            requests_per_unit: u64::from(o.requests_per_unit),
-            unit: unit_from_wire(o.unit)
+        Some((requests_per_unit, unit)) => Some(LimitOverride {
+            requests_per_unit: u64::from(requests_per_unit),
+            unit: unit_from_wire(unit)
                 .ok_or_else(|| format!("descriptor {i}: the limit override has no valid unit"))?,
         }),
     };
     Ok(Descriptor {
-        entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+        entries,
         limit,
-        hits_addend: d.hits_addend.map(|h| h.value),
+        hits_addend,
     })
 }
 
@@ -127,7 +157,7 @@ fn unit_from_wire(unit: i32) -> Option<Unit> {
     })
 }
 
-fn unit_to_wire(unit: Unit) -> WireUnit {
+pub(crate) fn unit_to_wire(unit: Unit) -> WireUnit {
     match unit {
         Unit::Second => WireUnit::Second,
         Unit::Minute => WireUnit::Minute,
@@ -139,15 +169,20 @@ fn unit_to_wire(unit: Unit) -> WireUnit {
     }
 }
 
-fn code_to_wire(code: Code) -> WireCode {
+pub(crate) fn code_to_wire(code: Code) -> WireCode {
     match code {
         Code::Ok => WireCode::Ok,
         Code::OverLimit => WireCode::OverLimit,
     }
 }
 
-/// A decision as the wire response Envoy reads.
+/// A decision as the wire response Envoy reads, with the service's header settings.
 pub fn to_wire(response: &RateLimitResponse, service: &Service) -> WireResponse {
+    to_wire_with(response, service.headers)
+}
+
+/// A decision as the wire response Envoy reads, with the headers `settings` ask for.
+pub fn to_wire_with(response: &RateLimitResponse, settings: HeaderSettings) -> WireResponse {
     let statuses = response
         .statuses
         .iter()
@@ -166,7 +201,7 @@ pub fn to_wire(response: &RateLimitResponse, service: &Service) -> WireResponse 
             quota: None,
         })
         .collect();
-    let response_headers_to_add = headers(response, service.headers)
+    let response_headers_to_add = headers(response, settings)
         .into_iter()
         .map(|(key, value)| HeaderValue {
             key: key.to_string(),

@@ -25,6 +25,13 @@ fn push_policy_name(out: &mut String, i: usize, s: &DescriptorStatus) {
     out.push('"');
     let name = s.limit.as_ref().and_then(|l| l.name.as_deref());
     match name.or(s.metric.as_ref().map(|m| &*m.path)) {
+        Some(raw)
+            if raw
+                .bytes()
+                .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\') =>
+        {
+            out.push_str(raw);
+        }
         Some(raw) => {
             for c in raw.chars() {
                 match c {
@@ -236,20 +243,8 @@ fn number(n: u64) -> String {
 
 /// Appends `n` in decimal (what `Display` writes, without the formatting machinery:
 /// the numbers of every header and body go through here).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[start..] {
-        out.push(char::from(d));
-    }
+fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 #[cfg(test)]
