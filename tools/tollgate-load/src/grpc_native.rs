@@ -147,6 +147,10 @@ async fn connection(
             job = jobs.recv(), if open => match job {
                 Some(job) => {
                     queue.push_back(job);
+                    // Let the workers' other ready tasks queue their calls too, so
+                    // that one write carries them all (as Envoy flushes a connection
+                    // once per turn of its event loop, not once per call).
+                    tokio::task::yield_now().await;
                     while let Ok(job) = jobs.try_recv() {
                         queue.push_back(job);
                     }
