@@ -14,8 +14,13 @@
 # The load generator runs on the same machine as the server and competes with it for
 # CPU, so the maximum is that of the pair; other load on the machine distorts it too.
 #
+# gRPC goes over CONNECTIONS HTTP/2 connections (default 2: one per server worker, as
+# an Envoy with two worker threads opens one connection per worker to its rate limit
+# service and multiplexes its calls on it). The server's CPU per call depends on how
+# many calls arrive per read, so the figure for CONNECTIONS=4 is higher.
+#
 # Usage: tools/bench-service.sh
-# Environment (optional): DURATION (10s), CONCURRENCY (64), KEYS (10000),
+# Environment (optional): DURATION (10s), CONCURRENCY (64), KEYS (10000), CONNECTIONS (2),
 #   GRPC_TRANSPORT (native or tonic: the server's), LOAD_TRANSPORT (native or tonic:
 #   tollgate-load's gRPC client),
 #   CARGO_TARGET_DIR (where cargo builds; default: <repo>/target).
@@ -25,6 +30,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 duration="${DURATION:-10s}"
 concurrency="${CONCURRENCY:-64}"
 keys="${KEYS:-10000}"
+connections="${CONNECTIONS:-2}"
 grpc_transport="${GRPC_TRANSPORT:-native}" # tollgate serve --grpc-transport
 load_transport="${LOAD_TRANSPORT:-native}" # tollgate-load grpc --transport
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
@@ -90,7 +96,8 @@ load() {
   local mode="$1"; shift
   local target
   case "$mode" in
-    grpc) target=(--addr "127.0.0.1:$grpc_port" --transport "$load_transport") ;;
+    grpc) target=(--addr "127.0.0.1:$grpc_port" --transport "$load_transport"
+                  --connections "$connections") ;;
     check) target=(--url "http://127.0.0.1:$http_port/v1/check") ;;
   esac
   "$bin/tollgate-load" "$mode" "${target[@]}" --keys "$keys" \
