@@ -125,17 +125,18 @@ for mode in grpc check; do
   half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
   [[ "$half" -gt 0 ]] || die "$mode: no throughput measured"
   log "$mode: open loop at $half req/s, $duration..."
-  read -r run0 wait0 <<<"$(sched_ns "$server_pid")"; t0="$(now_ns)"
+  read -r run0 wait0 <<<"$(sched_ns "$server_pid")"; t0="$(now_ns)"; read -r s0 j0 <<<"$(steal_jiffies)"
   open="$(load "$mode" --rate "$half")"
-  read -r run1 wait1 <<<"$(sched_ns "$server_pid")"; t1="$(now_ns)"
+  read -r run1 wait1 <<<"$(sched_ns "$server_pid")"; t1="$(now_ns)"; read -r s1 j1 <<<"$(steal_jiffies)"
   log "  $open"
   check_errors "$mode open loop" "$open"
   p99="$(field "$open" p99)"
   sched="$(per_second "$run0" "$wait0" "$t0" "$run1" "$wait1" "$t1")"
+  steal="$(stolen "$s0" "$j0" "$s1" "$j1")"
 
-  rows+=("$(printf '%-6s %10.0f %18s %18s %24s' "$mode" "$rps" "$cpu" "$p99" "$sched")")
+  rows+=("$(printf '%-6s %10.0f %18s %18s %24s %8s' "$mode" "$rps" "$cpu" "$p99" "$sched" "$steal")")
 done
 
-printf '\n%-6s %10s %18s %18s %24s\n' "mode" "max req/s" "server CPU us/req" "p99 us @ half max" \
-  "server ran/waited ms/s"
+printf '\n%-6s %10s %18s %18s %24s %8s\n' "mode" "max req/s" "server CPU us/req" "p99 us @ half max" \
+  "server ran/waited ms/s" "stolen"
 printf '%s\n' "${rows[@]}"

@@ -37,3 +37,10 @@ per_second() {
   awk -v r0="$1" -v w0="$2" -v t0="$3" -v r1="$4" -v w1="$5" -v t1="$6" \
     'BEGIN { s = (t1 - t0) / 1e9; printf "%.0f / %.0f", (r1 - r0) / 1e6 / s, (w1 - w0) / 1e6 / s }'
 }
+
+# The machine's steal and total jiffies so far (/proc/stat's first line: time the
+# hypervisor gave this VM's CPUs to someone else, and all time), as "STEAL TOTAL".
+steal_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
+
+# Percent of CPU time stolen between two steal_jiffies snapshots: stolen S0 T0 S1 T1.
+stolen() { awk -v s0="$1" -v t0="$2" -v s1="$3" -v t1="$4" 'BEGIN { printf "%.1f %%", (t1 > t0 ? 100 * (s1 - s0) / (t1 - t0) : 0) }'; }
