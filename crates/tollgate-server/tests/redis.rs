@@ -80,21 +80,6 @@ async fn check(client: &reqwest::Client, server: &str, value: &str) -> u16 {
         .as_u16()
 }
 
-/// Waits until at least `margin` is left in the current minute (fixed windows must not
-/// roll over during a measurement).
-async fn away_from_a_minute_boundary(margin: u64) {
-    loop {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        if 60 - secs % 60 > margin {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
@@ -137,7 +122,7 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
         "gcra",
         "leaky_bucket",
     ] {
-        away_from_a_minute_boundary(20).await;
+        support::minute::away_from_a_minute_boundary(20);
         let sent = Arc::new(AtomicU64::new(0));
         let admitted = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
@@ -242,8 +227,22 @@ async fn baseline(client: &reqwest::Client, server: &str) -> Duration {
     times[times.len() / 2]
 }
 
+/// Asks the fail_closed rule until Redis answers it (200): the first call also loads
+/// the scripts, which a busy machine may not fit into the 20 ms deadline.
+async fn wait_until_redis_decides(client: &reqwest::Client, server: &str) {
+    let start = Instant::now();
+    while status(client, server, "closed").await.0 != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Redis never decided within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// At least 95 % of answers within the deadline (20 ms) + 5 ms + the HTTP round trip,
-/// and none slower than 250 ms: never a hang. (The test client, the debug-built server
+/// and none slower than 500 ms: never a hang (a request waiting for the stopped Redis
+/// would wait until the test resumes it, after every probe). (The test client, the debug-built server
 /// and Redis share two cores here, so a few answers queue behind each other for a few
 /// milliseconds; README gives the release build's figures.)
 fn assert_answered_in_time(times: &[Duration], http: Duration, what: &str) {
@@ -256,7 +255,7 @@ fn assert_answered_in_time(times: &[Duration], http: Duration, what: &str) {
         times.len()
     );
     assert!(
-        worst < Duration::from_millis(250),
+        worst < Duration::from_millis(500),
         "{what}: an answer took {worst:?}"
     );
 }
@@ -274,6 +273,7 @@ async fn when_redis_dies_each_rule_answers_by_its_failure_mode_then_redis_is_use
     .await;
     let client = reqwest::Client::new();
 
+    wait_until_redis_decides(&client, &server.http).await;
     let http = baseline(&client, &server.http).await;
     let up = probe(&client, &server.http, 3).await;
     assert!(
@@ -341,7 +341,7 @@ async fn a_stopped_redis_cannot_stall_a_request() {
     )
     .await;
     let client = reqwest::Client::new();
-    assert_eq!(status(&client, &server.http, "closed").await.0, 200);
+    wait_until_redis_decides(&client, &server.http).await;
     let http = baseline(&client, &server.http).await;
 
     redis.pause(true);
@@ -380,7 +380,9 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
     )
     .unwrap();
     let store = redis.url();
-    let server = Server::start(&dir, &["--store", store.as_str()]).await;
+    // A request timed out by a stalled machine would be admitted uncharged (fail_open)
+    // and spoil the count; this test is about the blocked-key cache, not deadlines.
+    let server = Server::start(&dir, &["--store", store.as_str(), "--redis-deadline", "2s"]).await;
     let client = reqwest::Client::new();
     let body = serde_json::json!({"domain": "login", "descriptors": [{"user": "mallory"}]});
     let before = redis.calls("evalsha");
@@ -417,6 +419,8 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
 async fn two_gateways_on_one_redis_share_limits_and_permits() {
     use support::upstream::{raw_get, start_upstream, wait_for_200};
     use support::Proxy;
+    // Counted against 5 per minute (Redis TIME) from here on.
+    support::minute::away_from_a_minute_boundary(10);
     let redis = RedisServer::start();
     let (_up, upstream) = start_upstream().await;
     let dir = tempdir("gateways-redis");

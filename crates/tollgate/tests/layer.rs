@@ -3,6 +3,9 @@
 //! `http` section following the rule files' hot reload.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/minute.rs"]
+mod minute;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +57,8 @@ async fn status(app: &axum::Router, path: &str, peer: &str) -> (StatusCode, Opti
 
 #[tokio::test]
 async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
+    // Counted against 1 per minute from here on (the system clock).
+    minute::away_from_a_minute_boundary(10);
     let file = rules_file("reload", &rules_for("/a"));
     let rules = Arc::new(Rules::load(vec![file.clone()], LoadOptions::default()).unwrap());
     let limiter = Arc::new(Limiter::new(Arc::clone(&rules), MemoryStore::new()));
@@ -133,6 +138,7 @@ impl tollgate::http::DecisionObserver for Seen {
 #[tokio::test]
 async fn an_observer_is_told_of_every_decision_and_of_no_unlimited_request() {
     use tollgate::limiter::Code;
+    minute::away_from_a_minute_boundary(10);
     let file = rules_file("observer", &rules_for("/a"));
     let rules = Arc::new(Rules::load(vec![file], LoadOptions::default()).unwrap());
     let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));

@@ -480,14 +480,15 @@ mod tests {
         };
         let r = run(Arc::new(Fake), plan, ProgressBar::hidden()).await?;
         assert_eq!(r.counts.total(), 100);
-        // The last request is due at 495 ms: not sent in a burst, not dawdling.
+        // The last request is due at 495 ms: not sent in a burst, not dawdling (the
+        // upper bound only catches a pacer far too slow; `late` catches the rest).
         assert!(r.elapsed >= Duration::from_millis(495), "{:?}", r.elapsed);
-        assert!(r.elapsed < Duration::from_millis(900), "{:?}", r.elapsed);
+        assert!(r.elapsed < Duration::from_secs(2), "{:?}", r.elapsed);
         // Nothing here is slow, so nothing should be sent a millisecond behind
         // schedule, but a busy machine (another test burning CPU beside this one) can
-        // hold a thread back that long now and then; a pacer at half the rate would
-        // make 50 of the 100 late.
-        assert!(r.late <= 25, "{} requests late", r.late);
+        // hold a thread back that long now and then. A pacer that falls behind stays
+        // behind: at half the rate, 99 of the 100 would be late.
+        assert!(r.late <= 60, "{} requests late", r.late);
         Ok(())
     }
 }

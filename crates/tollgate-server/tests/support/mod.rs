@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different part
 
+#[path = "../../../tollgate/tests/support/minute.rs"]
+pub mod minute;
 pub mod upstream;
 
 use std::net::TcpListener;
@@ -40,44 +42,53 @@ pub fn free_port() -> u16 {
 
 impl Server {
     /// Starts `tollgate serve` on `rules` (a directory) with extra `args`, and waits
-    /// until `/readyz` answers 200.
+    /// until `/readyz` answers 200. A port found free can be taken before the server
+    /// binds it; a server that exits at start is tried again on new ports.
     pub async fn start(rules: &Path, args: &[&str]) -> Server {
-        let (grpc, http) = (
-            format!("127.0.0.1:{}", free_port()),
-            format!("127.0.0.1:{}", free_port()),
-        );
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args([
-                "serve",
-                "--config",
-                rules.to_str().unwrap(),
-                "--grpc-listen",
-                &grpc,
-                "--http-listen",
-                &http,
-            ])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = Server {
-            child,
-            http: format!("http://{http}"),
-            grpc,
-            rules: rules.to_path_buf(),
-        };
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(r) = client.get(format!("{}/readyz", server.http)).send().await {
-                if r.status() == 200 {
-                    return server;
-                }
+        let mut exits = Vec::new();
+        for _ in 0..5 {
+            let (grpc, http) = (
+                format!("127.0.0.1:{}", free_port()),
+                format!("127.0.0.1:{}", free_port()),
+            );
+            let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args([
+                    "serve",
+                    "--config",
+                    rules.to_str().unwrap(),
+                    "--grpc-listen",
+                    &grpc,
+                    "--http-listen",
+                    &http,
+                ])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut server = Server {
+                child,
+                http: format!("http://{http}"),
+                grpc,
+                rules: rules.to_path_buf(),
+            };
+            let url = format!("{}/readyz", server.http);
+            // A timeout: whatever listens there might never answer.
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            match wait_until(&mut server.child, &server.http, || async {
+                let r = client.get(&url).send().await;
+                r.is_ok_and(|r| r.status() == 200)
+            })
+            .await
+            {
+                Ok(()) => return server,
+                Err(status) => exits.push(status),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("tollgate serve did not become ready on {}", server.http);
+        panic!("tollgate serve did not start: {exits:?}");
     }
 
     /// `GET path` as JSON.
@@ -130,39 +141,65 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts `tollgate proxy` on the rule files in `rules` in front of `upstream`, with
-    /// extra `args`, and waits until it accepts connections.
+    /// extra `args`, and waits until it accepts connections (on new ports if it exits
+    /// at start, as [`Server::start`] does).
     pub async fn start(rules: &Path, upstream: &str, args: &[&str]) -> Proxy {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args([
-                "proxy",
-                "--config",
-                rules.to_str().unwrap(),
-                "--listen",
-                &addr,
-                "--upstream",
-                upstream,
-            ])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Killed by Drop if it never listens.
-        let proxy = Proxy {
-            child,
-            url: format!("http://{addr}"),
-            addr,
-        };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if tokio::net::TcpStream::connect(&proxy.addr).await.is_ok() {
-                return proxy;
+        let mut exits = Vec::new();
+        for _ in 0..5 {
+            let addr = format!("127.0.0.1:{}", free_port());
+            let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args([
+                    "proxy",
+                    "--config",
+                    rules.to_str().unwrap(),
+                    "--listen",
+                    &addr,
+                    "--upstream",
+                    upstream,
+                ])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            // Killed by Drop if it never listens.
+            let mut proxy = Proxy {
+                child,
+                url: format!("http://{addr}"),
+                addr,
+            };
+            let addr = proxy.addr.clone();
+            match wait_until(&mut proxy.child, &proxy.url, || async {
+                tokio::net::TcpStream::connect(&addr).await.is_ok()
+            })
+            .await
+            {
+                Ok(()) => return proxy,
+                Err(status) => exits.push(status),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("tollgate proxy did not listen on {}", proxy.addr);
+        panic!("tollgate proxy did not start: {exits:?}");
     }
+}
+
+/// Polls `ready` every 50 ms until it says yes (`Ok`) or `child` exits (`Err`, its exit
+/// status, so that the caller can try again on other ports); panics after 15 s.
+async fn wait_until<F, Fut>(child: &mut Child, what: &str, ready: F) -> Result<(), String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{what}: exited ({status})"));
+        }
+        if ready().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not become ready within 15 s");
 }
 
 impl Drop for Proxy {

@@ -44,7 +44,8 @@ fn require(binary: &str) {
 /// Sends one inline command over a fresh connection and returns the raw reply.
 pub fn command(port: u16, line: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    // Generous for the first byte (a busy machine), short after it (see below).
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.write_all(format!("{line}\r\n").as_bytes())?;
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::new();
@@ -183,7 +184,7 @@ impl RedisServer {
 
     /// `INFO commandstats` calls of one command (e.g. `evalsha`).
     pub fn calls(&self, command_name: &str) -> u64 {
-        let info = command(self.port, "INFO commandstats").unwrap_or_default();
+        let info = command(self.port, "INFO commandstats").expect("INFO commandstats");
         let needle = format!("cmdstat_{command_name}:calls=");
         info.lines()
             .find_map(|l| l.strip_prefix(&needle))
@@ -194,8 +195,9 @@ impl RedisServer {
 
     /// Keys in this server's keyspace.
     pub fn dbsize(&self) -> u64 {
-        let reply = command(self.port, "DBSIZE").unwrap_or_default();
-        reply.trim().trim_start_matches(':').parse().unwrap_or(0)
+        let reply = command(self.port, "DBSIZE").expect("DBSIZE");
+        let n = reply.trim().trim_start_matches(':').parse();
+        n.unwrap_or_else(|_| panic!("DBSIZE answered {reply:?}"))
     }
 }
 

@@ -90,13 +90,15 @@ mod tests {
 
     #[test]
     fn opens_after_the_threshold_and_lets_one_probe_through_after_the_cooldown() {
-        let b = Breaker::new(3, Duration::from_millis(30));
+        // A cooldown long enough that a stalled test thread does not outlast it
+        // between two of the checks below.
+        let b = Breaker::new(3, Duration::from_millis(500));
         b.failure();
         b.failure();
         assert!(b.permit(), "two failures keep it closed");
         b.failure();
         assert!(!b.permit(), "the third opens it");
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(600));
         assert!(b.permit(), "one probe after the cooldown");
         assert!(!b.permit(), "and only one");
         b.success();
