@@ -19,13 +19,21 @@ use tollgate::algorithm::{
     TokenBucket,
 };
 use tollgate::decision::Decision;
-use tollgate::store::{Check, MemoryStore, RedisStore, ScriptCall, Store, TimeSource};
+use tollgate::store::{
+    Check, MemoryStore, RedisStore, RedisStoreBuilder, ScriptCall, Store, TimeSource,
+};
 
 const T0: u64 = 1_700_000_000_123_456_789;
 const S: u64 = 1_000_000_000;
 /// The deadline of stores in tests that are not about deadlines: long enough that a
 /// busy CI machine stalling a call for a while does not turn into a failure.
 const SLOW_MACHINE: Duration = Duration::from_secs(2);
+
+/// Connects `builder`'s store with the [`SLOW_MACHINE`] deadline.
+fn slow_machine_store(rt: &tokio::runtime::Runtime, builder: RedisStoreBuilder) -> RedisStore {
+    rt.block_on(builder.deadline(SLOW_MACHINE).connect())
+        .unwrap()
+}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -49,16 +57,14 @@ static PREFIX: AtomicU64 = AtomicU64::new(0);
 /// expire keys by its own clock while the test's clock runs differently).
 fn caller_time_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
     let prefix = format!("t{}", PREFIX.fetch_add(1, Ordering::Relaxed));
-    rt.block_on(
+    slow_machine_store(
+        rt,
         RedisStore::builder(url)
             .prefix(prefix)
             .time_source(TimeSource::Caller)
             .ttl_slack(Duration::from_secs(3_600))
-            .deadline(Duration::from_secs(2))
-            .blocked_cache(0)
-            .connect(),
+            .blocked_cache(0),
     )
-    .unwrap()
 }
 
 #[derive(Debug, Clone)]
@@ -306,13 +312,7 @@ fn gcra(limit: u64, window: Duration) -> Limit {
 fn scripts_are_loaded_again_after_a_script_flush_and_a_restart() {
     let mut server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .deadline(SLOW_MACHINE)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()));
     let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         100,
         Duration::from_secs(3_600),
@@ -348,14 +348,7 @@ fn every_key_gets_a_ttl_just_past_the_time_it_matters() {
     minute::away_from_a_minute_boundary(10); // per-minute windows by Redis TIME
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .prefix("ttl")
-                .deadline(SLOW_MACHINE)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()).prefix("ttl"));
     let fixed = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         5,
         Duration::from_secs(60),
@@ -406,14 +399,7 @@ fn lone_checks_set_ttls_just_past_the_time_they_matter() {
     minute::away_from_a_minute_boundary(10); // per-minute windows by Redis TIME
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .prefix("lone")
-                .deadline(SLOW_MACHINE)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()).prefix("lone"));
     let pttl = |name: &str| -> i64 {
         command(server.port, &format!("PTTL {name}"))
             .unwrap()
@@ -487,13 +473,7 @@ fn lone_checks_set_ttls_just_past_the_time_they_matter() {
 fn a_hammered_blocked_key_costs_redis_almost_nothing() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .deadline(SLOW_MACHINE)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()));
     let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         10,
         Duration::from_secs(3_600),
@@ -523,14 +503,7 @@ fn a_hammered_blocked_key_costs_redis_almost_nothing() {
 fn a_cluster_spreads_keys_over_its_masters_and_stays_exact() {
     let cluster = RedisCluster::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(cluster.url())
-                .deadline(SLOW_MACHINE)
-                .blocked_cache(0)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(cluster.url()).blocked_cache(0));
     assert!(store.is_cluster());
     let l = gcra(5, Duration::from_secs(60));
     let window = Limit::new(Algorithm::SlidingWindow(SlidingWindow::new(
@@ -861,13 +834,7 @@ fn a_cached_rejection_still_starts_the_lockouts_and_survives_a_redis_failure() {
     minute::away_from_a_minute_boundary(10); // per-minute windows by Redis TIME
     let mut server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .deadline(SLOW_MACHINE)
-                .connect(),
-        )
-        .unwrap();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()));
     let hour = Duration::from_secs(3_600);
     let hot = fixed(1, hour);
     let login = fixed(1, Duration::from_secs(60)).with_lockout(hour);
