@@ -149,10 +149,11 @@ pub struct CommonArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
     /// Total requests per second, paced open-loop (request `i` is scheduled at
-    /// `start + i/R`; a pacer thread releases due requests every 200 us). Latency is
+    /// `start + i/R`; a pacer thread checks every 200 us and wakes one dispatcher
+    /// task per runtime thread, which sends its share of the due requests). Latency is
     /// then measured from each request's scheduled start, so time spent waiting for a
-    /// free worker (all `--concurrency` busy) counts (no coordinated omission), and so
-    /// does the pacer's own delay. Without `--rate` the run is closed-loop: each
+    /// free slot (`--concurrency` already in flight) counts (no coordinated omission),
+    /// and so does the pacer's own delay. Without `--rate` the run is closed-loop: each
     /// worker sends its next request as soon as the previous one is answered.
     #[arg(short, long, env = "TOLLGATE_LOAD_RATE", value_parser = parse_rate)]
     pub rate: Option<f64>,
