@@ -625,19 +625,25 @@ descriptors:
     }
 }
 
+/// A store for hundreds of requests at once, which its batcher shares out over script
+/// calls: no blocked-key cache (every request goes to Redis) and a deadline no busy
+/// machine reaches.
+fn batching_store(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+) -> std::sync::Arc<RedisStore> {
+    let store = RedisStore::builder(server.url())
+        .blocked_cache(0)
+        .deadline(Duration::from_secs(5))
+        .connect();
+    std::sync::Arc::new(rt.block_on(store).unwrap())
+}
+
 #[test]
 fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
     let server = RedisServer::start();
     let rt = two_threads();
-    let store = std::sync::Arc::new(
-        rt.block_on(
-            RedisStore::builder(server.url())
-                .blocked_cache(0)
-                .deadline(Duration::from_secs(5))
-                .connect(),
-        )
-        .unwrap(),
-    );
+    let store = batching_store(&rt, &server);
     let hour = Duration::from_secs(3_600);
     let tight = fixed(100, hour);
     let loose = Limit::new(Algorithm::SlidingLog(SlidingLog::new(150, hour))).unwrap();
@@ -672,6 +678,84 @@ fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
     assert!(
         store.stats().calls < 300,
         "{} script calls for 300 requests",
+        store.stats().calls
+    );
+}
+
+/// Lone checks batched into shared script calls under Redis `TIME`: the script unpacks
+/// each distinct request once per call and reuses it for the same bytes (same limit,
+/// same cost) later in the call. Every algorithm with a fast path, three keys per limit
+/// (two at the same cost, whose requests are the same bytes, and one at another
+/// cost), all at once: each key admits exactly what its limit holds and is left with
+/// exactly the rest.
+#[test]
+fn batched_lone_checks_of_every_algorithm_stay_exact() {
+    minute::away_from_a_minute_boundary(20); // per-minute windows by Redis TIME
+    let server = RedisServer::start();
+    let rt = two_threads();
+    let store = batching_store(&rt, &server);
+    let minute = Duration::from_secs(60);
+    // Buckets refill one unit every 36 s: none during the test.
+    let hour = Duration::from_secs(3_600);
+    let limits = std::sync::Arc::new([
+        fixed(100, minute),
+        Limit::new(Algorithm::SlidingWindow(SlidingWindow::new(100, minute))).unwrap(),
+        Limit::new(Algorithm::TokenBucket(TokenBucket::new(100, hour))).unwrap(),
+        gcra(100, hour),
+        Limit::new(Algorithm::LeakyBucket(LeakyBucket::new(
+            100,
+            hour,
+            LeakyMode::Meter,
+        )))
+        .unwrap(),
+    ]);
+    // (key, cost, requests, admitted): 150 or 120 x 1 against 100 admit 100; 60 x 3, 33.
+    let plan = [
+        ("one", 1u64, 150usize, 100u64),
+        ("also one", 1, 120, 100),
+        ("three", 3, 60, 33),
+    ];
+    let admitted = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for l in 0..limits.len() {
+            for (k, &(key, cost, n, _)) in plan.iter().enumerate() {
+                for _ in 0..n {
+                    let (store, limits) = (store.clone(), limits.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let d = store
+                            .check(0, &[Check::new(&limits[l], key, cost)])
+                            .await
+                            .unwrap();
+                        (l, k, d[0].allowed)
+                    }));
+                }
+            }
+        }
+        let mut admitted = [[0u64; 3]; 5];
+        for t in tasks {
+            let (l, k, allowed) = t.await.unwrap();
+            admitted[l][k] += u64::from(allowed);
+        }
+        admitted
+    });
+    for (l, limit) in limits.iter().enumerate() {
+        assert_eq!(admitted[l], [100, 100, 33], "{:?}", limit.algorithm());
+        for (key, cost, _, n) in plan {
+            let peek = rt
+                .block_on(store.check(0, &[Check::new(limit, key, 0)]))
+                .unwrap();
+            assert_eq!(
+                peek[0].remaining,
+                100 - n * cost,
+                "{:?} {key}",
+                limit.algorithm()
+            );
+        }
+    }
+    let requests = 5 * (150 + 120 + 60);
+    assert!(
+        store.stats().calls < requests,
+        "{} script calls for {requests} requests: nothing was batched",
         store.stats().calls
     );
 }

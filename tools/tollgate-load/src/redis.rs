@@ -75,10 +75,15 @@ impl Target for RedisTarget {
         for a in &call.args {
             invocation.arg(a.as_slice());
         }
-        match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
-            Ok(v) if v.first() == Some(&1) => Outcome::Ok,
-            Ok(v) if v.first() == Some(&0) => Outcome::OverLimit,
-            Ok(_) => Outcome::Other,
+        match invocation.invoke_async::<Vec<u8>>(&mut conn).await {
+            Ok(reply) => match ScriptCall::answers(&reply)
+                .as_deref()
+                .and_then(|v| v.first())
+            {
+                Some(1) => Outcome::Ok,
+                Some(0) => Outcome::OverLimit,
+                _ => Outcome::Other,
+            },
             Err(e) => Outcome::Error(e.to_string()),
         }
     }

@@ -575,6 +575,13 @@ impl ScriptCall {
             args: vec![b"1".to_vec(), b"1".to_vec(), r.args],
         })
     }
+
+    /// The script's reply as five integers per check (allowed: 1, 0 or -2 when the
+    /// script failed on the request; remaining; reset after; retry after, -1 for
+    /// never; delay; times in the check's ticks), or `None` if it is not such a reply.
+    pub fn answers(reply: &[u8]) -> Option<Vec<i64>> {
+        script::answers(reply)
+    }
 }
 
 /// The oldest Redis the scripts run on: `SET … KEEPTTL` came in 6.0.
@@ -692,11 +699,17 @@ async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, 
     }
     shared.calls.fetch_add(1, Ordering::Relaxed);
     let mut conn = shared.conn.clone();
-    let reply = invocation.invoke_async(&mut conn).await;
+    let reply = invocation.invoke_async::<Vec<u8>>(&mut conn).await;
     match reply {
-        Ok(values) => {
+        Ok(bytes) => {
             shared.breaker.success();
-            Ok(values)
+            script::answers(&bytes).ok_or_else(|| {
+                Error::Backend(format!(
+                    "the script answered {} bytes, not {} per check",
+                    bytes.len(),
+                    script::ANSWER_BYTES
+                ))
+            })
         }
         Err(e) => {
             shared.breaker.failure();

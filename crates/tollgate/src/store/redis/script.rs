@@ -186,6 +186,30 @@ pub(crate) fn pack(out: &mut Vec<u8>, numbers: &[u64]) {
     }
 }
 
+/// Bytes per check in the script's reply: five little-endian doubles (see
+/// `lua/driver.lua`; Redis turns one string into its reply for far less than five
+/// integers).
+pub(crate) const ANSWER_BYTES: usize = 5 * 8;
+
+/// The script's reply as five integers per check (every one a whole number, exact in a
+/// double), or `None` when its length is not a whole number of checks.
+pub(crate) fn answers(reply: &[u8]) -> Option<Vec<i64>> {
+    if reply.len() % ANSWER_BYTES != 0 {
+        return None;
+    }
+    Some(
+        reply
+            .chunks_exact(8)
+            .map(|b| {
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(b);
+                // Saturating; every value the script answers is an integer in range.
+                f64::from_le_bytes(bytes) as i64
+            })
+            .collect(),
+    )
+}
+
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -198,6 +222,21 @@ mod tests {
     use super::*;
     use crate::algorithm::{Gcra, TokenBucket};
     use std::time::Duration;
+
+    #[test]
+    fn answers_are_five_doubles_per_check() {
+        let mut reply = Vec::new();
+        for v in [1.0f64, 7.0, 3e9, 0.0, 0.0, -2.0, 0.0, 0.0, -1.0, 4.0] {
+            reply.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(
+            answers(&reply),
+            Some(vec![1, 7, 3_000_000_000, 0, 0, -2, 0, 0, -1, 4])
+        );
+        assert_eq!(answers(&[]), Some(vec![]));
+        // A reply cut short is not read as fewer checks.
+        assert_eq!(answers(&reply[..reply.len() - 8]), None);
+    }
 
     #[test]
     fn ticks_are_as_fine_as_exactness_allows() {
