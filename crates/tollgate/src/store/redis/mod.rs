@@ -552,7 +552,8 @@ pub struct ScriptCall {
     pub source: String,
     /// `KEYS`.
     pub keys: Vec<String>,
-    /// `ARGV`: TTL slack in ms, the number of requests (1), the packed request.
+    /// `ARGV`: TTL slack in ms, the number of requests (1), which argument each request
+    /// is (two bytes, 0: the first), the packed request.
     pub args: Vec<Vec<u8>>,
 }
 
@@ -572,7 +573,7 @@ impl ScriptCall {
         Ok(Self {
             source: script::source(r.mask),
             keys: r.keys,
-            args: vec![b"1".to_vec(), b"1".to_vec(), r.args],
+            args: vec![b"1".to_vec(), b"1".to_vec(), vec![0, 0], r.args],
         })
     }
 
@@ -690,9 +691,15 @@ async fn invoke(shared: &Shared, requests: &[Request]) -> Result<Vec<i64>, Error
 async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, Error> {
     let mask = requests.iter().fold(0, |m, r| m | r.mask);
     let mut invocation = shared.scripts.get(mask).prepare_invoke();
-    invocation.arg(shared.slack_ms).arg(requests.len());
+    let (index, distinct) = script::dedup(requests.iter().map(|r| r.args.as_slice()));
+    invocation
+        .arg(shared.slack_ms)
+        .arg(requests.len())
+        .arg(index);
+    for a in distinct {
+        invocation.arg(a);
+    }
     for r in requests {
-        invocation.arg(&r.args);
         for k in &r.keys {
             invocation.key(k);
         }

@@ -9,6 +9,7 @@
 //! and called with `EVALSHA`; redis-rs loads a script again when Redis answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use redis::Script;
@@ -186,6 +187,26 @@ pub(crate) fn pack(out: &mut Vec<u8>, numbers: &[u64]) {
     }
 }
 
+/// The packed arguments of a batch's requests, each distinct one once, and the index
+/// string that names each request's (two little-endian bytes per request, counting
+/// from the first distinct argument). Under Redis `TIME` the requests of one limit and
+/// cost are the same bytes: Redis then makes one argument where it made one per
+/// request, and the script unpacks it once.
+pub(crate) fn dedup<'a>(args: impl Iterator<Item = &'a [u8]>) -> (Vec<u8>, Vec<&'a [u8]>) {
+    let mut seen: HashMap<&[u8], u16, ahash::RandomState> = HashMap::default();
+    let mut distinct = Vec::new();
+    let mut index = Vec::new();
+    for a in args {
+        let next = u16::try_from(distinct.len()).unwrap_or(u16::MAX);
+        let i = *seen.entry(a).or_insert_with(|| {
+            distinct.push(a);
+            next
+        });
+        index.extend_from_slice(&i.to_le_bytes());
+    }
+    (index, distinct)
+}
+
 /// Bytes per check in the script's reply: five little-endian doubles (see
 /// `lua/driver.lua`; Redis turns one string into its reply for far less than five
 /// integers).
@@ -222,6 +243,19 @@ mod tests {
     use super::*;
     use crate::algorithm::{Gcra, TokenBucket};
     use std::time::Duration;
+
+    #[test]
+    fn each_distinct_argument_is_sent_once() {
+        let (a, b, c): (&[u8], &[u8], &[u8]) = (b"aaaa", b"bb", b"aaaa");
+        let (index, distinct) = dedup([a, b, c, b].into_iter());
+        assert_eq!(distinct, vec![a, b]);
+        assert_eq!(index, vec![0, 0, 1, 0, 0, 0, 1, 0]);
+        // Past 255 distinct arguments, the second byte counts too.
+        let many: Vec<Vec<u8>> = (0u32..300).map(|i| i.to_le_bytes().to_vec()).collect();
+        let (index, distinct) = dedup(many.iter().map(Vec::as_slice));
+        assert_eq!(distinct.len(), 300);
+        assert_eq!(&index[2 * 299..], &299u16.to_le_bytes());
+    }
 
     #[test]
     fn answers_are_five_doubles_per_check() {

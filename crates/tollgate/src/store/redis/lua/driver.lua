@@ -1,6 +1,9 @@
 -- Decides a batch of requests, one after another (each all or nothing on its own).
--- ARGV: TTL slack in ms, the number of requests, then one argument per request: little-
--- endian doubles (exact integers), packed so that the script reads them with one
+-- ARGV: TTL slack in ms, the number of requests, the index (per request, two little-
+-- endian bytes: which of the arguments that follow is the request's, 0 for the first),
+-- then each distinct request once (requests of the same bytes, as a limit's requests
+-- under Redis TIME are, share one: Redis spends about 2,000 instructions per argument):
+-- little-endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
 -- per batch; 1: the next two; +2: the request is already rejected), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
@@ -21,10 +24,12 @@
 -- (tools/bench-lua.sh: 67,000-74,000 instructions of Redis per decision on the general
 -- path, 32,000-56,000 on ALONE, where a script doing nothing but GET and SET ... PX
 -- costs 31,000). The sliding log has no ALONE. Under Redis TIME the requests of one
--- limit and cost are the same bytes, so a lone request's unpacked arguments are kept
+-- limit and cost are the same argument, so a lone request's unpacked arguments are kept
 -- for the rest of the call (LONE below; 32,900 -> 29,600 per decision).
 SLACK_MS = tonumber(ARGV[1])
 local requests = tonumber(ARGV[2])
+local INDEX = ARGV[3]
+local byte = string.byte
 local TIME_S, TIME_N
 local saved = {}
 
@@ -121,13 +126,15 @@ end
 -- string into its reply for far less than five integers.
 local out, o, key = {}, 0, 1
 local unpack, pack = struct.unpack, struct.pack
--- The arguments of a lone check's ALONE call, by its request's bytes: under Redis TIME
--- the same bytes (the same limit and cost) make the same call for the whole batch, so
--- each distinct request is unpacked once per script call, not once per request.
+-- The arguments of a lone check's ALONE call, by its request's argument: under Redis
+-- TIME the same argument (the same limit and cost) makes the same call for the whole
+-- batch, so each distinct request is unpacked once per script call, not once per request.
 local LONE = {}
 for q = 1, requests do
-  local blob = ARGV[2 + q]
-  local lone = LONE[blob]
+  local lo, hi = byte(INDEX, 2 * q - 1, 2 * q)
+  local arg = 4 + lo + 256 * hi
+  local blob = ARGV[arg]
+  local lone = LONE[arg]
   local mode, NS, NN, count, pos, forced
   if not lone then
     mode, NS, NN, count, pos = unpack('<dddd', blob)
@@ -150,7 +157,7 @@ for q = 1, requests do
       if alone then
         lone = { alone, tick, limit, window, burst, r, wr, cost, queue == 1, NS,
           (NN - NN % tick) / tick, 1000000000 / tick }
-        if mode == 0 then LONE[blob] = lone end
+        if mode == 0 then LONE[arg] = lone end
       end
     end
   end
