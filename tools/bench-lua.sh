@@ -11,7 +11,9 @@
 #   fixed_window 1h   every decision lands in its key's current window
 #   token_bucket, gcra, leaky_bucket (queue), sliding_window: 1e9 per second
 #   floor             a script that only unpacks the request, GETs the key and SETs
-#                     it with PX: what any GET-then-SET script costs
+#                     it with PX, called and answering as tollgate's scripts are (the
+#                     index and one shared argument; packed doubles): what any
+#                     GET-then-SET script costs
 # Needs valgrind (callgrind_control), redis-server, redis-cli, python3.
 #
 # Usage: tools/bench-lua.sh      Environment: BATCH (32), CALLS (500), TOLLGATE (a
@@ -49,9 +51,9 @@ for q = 1, requests do
   local raw, n = redis.call('GET', KEYS[q]), 0
   if raw then n = select(3, unpack('ddd', raw)) end
   redis.call('SET', KEYS[q], struct.pack('dddd', 1, 2, n + 1, 0), 'PX', '1000')
-  for i = 1, 5 do out[#out + 1] = 1 end
+  out[q] = struct.pack('<ddddd', 1, 0, 0, 0, 0)
 end
-return out
+return table.concat(out)
 LUA
 
 # Writes CALLS (or $3) calls of BATCH lone requests in RESP: sha, check fields, calls.

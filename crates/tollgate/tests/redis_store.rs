@@ -960,3 +960,86 @@ fn a_cached_rejection_still_starts_the_lockouts_and_survives_a_redis_failure() {
     assert!(got[0].from_cache && !got[0].allowed);
     assert!(got[1].allowed && got[1].remaining == 10);
 }
+
+/// A script call built by hand from [`ScriptCall`]s, as the batcher builds one (each
+/// distinct packed request once, an index naming each request's), decides what the
+/// same requests decide one call each: lone checks sharing their bytes, a lockout that
+/// starts partway, a request of two checks, and a lone check rejected at its limit.
+/// The answers are read with [`ScriptCall::answers`], as tollgate-load reads them.
+#[test]
+fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let hour = Duration::from_secs(3_600);
+    // Buckets, not windows: no boundary for the two runs to straddle.
+    let lone = Limit::new(Algorithm::TokenBucket(TokenBucket::new(5, hour))).unwrap();
+    let login = gcra(2, hour).with_lockout(hour);
+    let requests: Vec<Vec<Check<'_>>> = vec![
+        vec![Check::new(&lone, "a", 1)],
+        vec![Check::new(&lone, "a", 1)],
+        vec![Check::new(&login, "x", 1)],
+        vec![Check::new(&lone, "b", 1)],
+        vec![Check::new(&login, "x", 1)],
+        vec![Check::new(&lone, "a", 1), Check::new(&login, "y", 1)],
+        vec![Check::new(&login, "x", 1)], // over: the lockout starts
+        vec![Check::new(&lone, "a", 1)],
+        vec![Check::new(&lone, "a", 1)],
+        vec![Check::new(&login, "x", 1)], // locked out
+        vec![Check::new(&lone, "a", 1)],  // the 6th on "a": over
+    ];
+    // One script holding both algorithms, as the batcher picks for a mixed batch.
+    let source = ScriptCall::new(
+        "p",
+        &[Check::new(&lone, "s", 1), Check::new(&login, "s", 1)],
+    )
+    .unwrap()
+    .source;
+    let script = redis::Script::new(&source);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let mut call = |prefix: &str, batch: &[Vec<Check<'_>>]| -> Vec<i64> {
+        let calls: Vec<ScriptCall> = batch
+            .iter()
+            .map(|checks| ScriptCall::new(prefix, checks).unwrap())
+            .collect();
+        let mut distinct: Vec<&[u8]> = Vec::new();
+        let mut index = Vec::new();
+        for c in &calls {
+            let packed = c.args[3].as_slice();
+            let i = distinct
+                .iter()
+                .position(|d| *d == packed)
+                .unwrap_or_else(|| {
+                    distinct.push(packed);
+                    distinct.len() - 1
+                });
+            index.extend_from_slice(&u16::try_from(i).unwrap().to_le_bytes());
+        }
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(1).arg(batch.len()).arg(index);
+        for d in distinct {
+            invocation.arg(d);
+        }
+        for c in &calls {
+            for k in &c.keys {
+                invocation.key(k);
+            }
+        }
+        let reply: Vec<u8> = rt.block_on(invocation.invoke_async(&mut conn)).unwrap();
+        ScriptCall::answers(&reply).unwrap()
+    };
+    let batched = call("p", &requests);
+    let one_by_one: Vec<i64> = requests
+        .iter()
+        .flat_map(|r| call("q", std::slice::from_ref(r)))
+        .collect();
+    // allowed and remaining per check (the reset times follow Redis TIME, which moved).
+    let allowed_remaining =
+        |v: &[i64]| -> Vec<(i64, i64)> { v.chunks(5).map(|d| (d[0], d[1])).collect() };
+    assert_eq!(allowed_remaining(&batched), allowed_remaining(&one_by_one));
+    // Per check; the request of two checks is the 6th and 7th.
+    let allowed: Vec<i64> = batched.chunks(5).map(|d| d[0]).collect();
+    assert_eq!(allowed, [1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0], "{batched:?}");
+}

@@ -135,7 +135,8 @@ pub struct KeyArgs {
 /// Flags shared by every mode: how much load, for how long, and what to report.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
-    /// Number of requests in flight at once (one worker task each).
+    /// Most requests in flight at once (closed loop: one worker task each; open loop:
+    /// the limit every dispatcher's calls count against).
     #[arg(short, long, env = "TOLLGATE_LOAD_CONCURRENCY", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,

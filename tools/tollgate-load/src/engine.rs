@@ -1,20 +1,19 @@
-//! The load loop: `concurrency` worker tasks share a ticket counter; each takes the
-//! next request number, (in open loop) waits for its scheduled time, sends it through
-//! a [`Target`], and records the outcome and latency in its own HdrHistogram. The
-//! histograms and counters are merged when the phase ends.
-//!
-//! Closed loop (no rate): latency is from the actual send to the answer.
+//! The load loop. Closed loop (no rate): `concurrency` worker tasks share a ticket
+//! counter; each takes the next request number, sends it through a [`Target`], and
+//! records the outcome and latency (from the actual send to the answer) in its own
+//! HdrHistogram. The histograms and counters are merged when the phase ends.
 //!
 //! Open loop (`rate` R): request `i` is scheduled at `start + i/R`. A pacer thread
 //! wakes every [`PACER_STEP`] and, when requests have come due, wakes the dispatchers
 //! (a tokio timer ticks only once a millisecond, which would release a whole
 //! millisecond of requests, 64 at 64,000/s, in one burst). There is one dispatcher
-//! task per runtime thread; each owns every D-th request number and keeps its share
-//! of the `concurrency` limit in flight in one task, so a pacer step costs one
-//! wake-up per dispatcher rather than one per request (on two shared cores the
-//! wake-ups, not the requests, were most of the load generator's CPU time). Latency
-//! is always measured from the request's scheduled time: when the in-flight limit was
-//! reached (the server is behind), the queueing delay the server caused is counted
+//! task per runtime thread; whenever woken (by the pacer or by an answer) it claims
+//! the next due request numbers, each with a slot of the `concurrency` limit (both
+//! shared by all dispatchers), and keeps its calls in flight in one task, so a pacer
+//! step costs one wake-up per dispatcher rather than one per request (on two shared
+//! cores the wake-ups, not the requests, were most of the load generator's CPU time).
+//! Latency is always measured from the request's scheduled time: when the in-flight
+//! limit was reached (the server is behind), the queueing delay the server caused is counted
 //! (no coordinated omission), and the pacer's own wake-up delay (up to about 0.25 ms)
 //! is counted too, so the figure errs on the high side.
 
@@ -27,6 +26,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 
 use crate::cli::Stop;
 
@@ -59,7 +59,7 @@ pub trait Target: Send + Sync + 'static {
 /// How one phase (warm-up or measured run) is driven.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
-    /// Worker tasks, i.e. maximum requests in flight.
+    /// Maximum requests in flight (closed loop: one worker task each).
     pub concurrency: u32,
     /// When to stop.
     pub stop: Stop,
@@ -106,9 +106,9 @@ pub struct PhaseResult {
     /// From the phase's start until the last request finished.
     pub elapsed: Duration,
     /// Open loop only: requests dispatched more than 1 ms behind schedule, mostly
-    /// because every worker was busy (a sign that `--concurrency` is too low for the
-    /// rate or the server cannot keep up), or because the pacer thread was not run
-    /// for a millisecond (an overloaded machine).
+    /// because the in-flight limit was reached (a sign that `--concurrency` is too low
+    /// for the rate or the server cannot keep up), or because the pacer thread was not
+    /// run for a millisecond (an overloaded machine).
     pub late: u64,
     /// The first error seen, to show the user what went wrong.
     pub first_error: Option<String>,
@@ -187,43 +187,37 @@ pub async fn run<T: Target>(
     };
     let ticker = tokio::spawn(tick(Arc::clone(&shared), plan.stop, progress.clone()));
 
-    let mut handles = Vec::with_capacity(tasks as usize);
+    // Dropped (on an early return too), the set aborts the tasks still running.
+    let mut set = JoinSet::new();
     match plan.rate {
         None => {
             for _ in 0..tasks {
-                handles.push(tokio::spawn(worker(
-                    Arc::clone(&target),
-                    Arc::clone(&shared),
-                    plan,
-                )));
+                set.spawn(worker(Arc::clone(&target), Arc::clone(&shared), plan));
             }
         }
         Some(rate) => {
-            let total = scheduled_requests(plan.stop, rate);
-            for (d, wake) in (0..tasks).zip(wakes) {
-                // The concurrency limit, shared out as evenly as it divides.
-                let limit = plan.concurrency / tasks + u32::from(d < plan.concurrency % tasks);
-                let share = Share {
-                    first: u64::from(d),
-                    step: u64::from(tasks),
-                    total,
-                    limit: limit as usize,
-                };
-                handles.push(tokio::spawn(dispatcher(
+            let open = Arc::new(OpenLoop {
+                rate,
+                total: scheduled_requests(plan.stop, rate),
+                limit: u64::from(plan.concurrency),
+                in_flight: AtomicU64::new(0),
+                wakes: wakes.clone(),
+            });
+            for wake in wakes {
+                set.spawn(dispatcher(
                     Arc::clone(&target),
                     Arc::clone(&shared),
-                    plan,
-                    rate,
-                    share,
+                    Arc::clone(&open),
+                    plan.timeout,
                     wake,
-                )));
+                ));
             }
         }
     }
 
     let mut merged = WorkerResult::new()?;
-    for h in handles {
-        let r = h.await.map_err(|e| format!("a load task failed: {e}"))?;
+    while let Some(r) = set.join_next().await {
+        let r = r.map_err(|e| format!("a load task failed: {e}"))?;
         merged.merge(r?)?;
     }
     let elapsed = shared.start.elapsed();
@@ -247,7 +241,7 @@ pub async fn run<T: Target>(
 
 /// State shared by the tasks of a phase.
 struct Shared {
-    /// Closed loop: the next request number to hand out.
+    /// The next request number to hand out.
     next: AtomicU64,
     /// Finished requests (for the progress bar).
     done: AtomicU64,
@@ -309,14 +303,58 @@ fn pace(stopped: &AtomicBool, wakes: &[Arc<Notify>], start: Instant, rate: f64, 
     }
 }
 
-/// The request numbers one open-loop dispatcher owns: `first`, `first + step`, ...
-/// below `total`, with at most `limit` in flight.
-#[derive(Debug, Clone, Copy)]
-struct Share {
-    first: u64,
-    step: u64,
+/// What the open loop's dispatchers share besides [`Shared`].
+struct OpenLoop {
+    /// Requests per second.
+    rate: f64,
+    /// Requests scheduled in the phase.
     total: u64,
-    limit: usize,
+    /// The in-flight limit (`--concurrency`), over all dispatchers.
+    limit: u64,
+    /// Requests in flight, over all dispatchers.
+    in_flight: AtomicU64,
+    /// Each dispatcher's wake-up (the pacer's too).
+    wakes: Vec<Arc<Notify>>,
+}
+
+impl OpenLoop {
+    /// Takes a slot of the in-flight limit, if one is free.
+    fn take_slot(&self) -> bool {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn free_slot(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Claims the next request number if it is due `elapsed` into the phase, with the
+    /// moment it was due as an offset.
+    fn claim_due(&self, next: &AtomicU64, elapsed: Duration) -> Option<(u64, Duration)> {
+        let mut offset = Duration::ZERO;
+        let seq = next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |seq| {
+                offset = scheduled_offset(seq, self.rate);
+                (seq < self.total && offset <= elapsed).then_some(seq + 1)
+            })
+            .ok()?;
+        if seq + 1 == self.total {
+            // A dispatcher waiting for a due request (every slot was busy when it last
+            // looked) would otherwise wait for a pacer that has stopped.
+            for wake in &self.wakes {
+                wake.notify_one();
+            }
+        }
+        Some((seq, offset))
+    }
+
+    /// Whether every scheduled request has been claimed.
+    fn all_claimed(&self, next: &AtomicU64) -> bool {
+        next.load(Ordering::Acquire) >= self.total
+    }
 }
 
 /// What one worker collected.
@@ -400,51 +438,48 @@ async fn worker<T: Target>(
     Ok(res)
 }
 
-/// An open-loop dispatcher: whenever woken (by the pacer or by an answer), sends each
-/// of its requests that has come due, as far as its in-flight limit allows, and
-/// records the answers, all in one task.
+/// An open-loop dispatcher: whenever woken (by the pacer or by an answer), claims each
+/// request that has come due while a slot of the in-flight limit is free, sends it,
+/// and records the answers, all in one task.
 async fn dispatcher<T: Target>(
     target: Arc<T>,
     shared: Arc<Shared>,
-    plan: Plan,
-    rate: f64,
-    share: Share,
+    open: Arc<OpenLoop>,
+    timeout: Duration,
     wake: Arc<Notify>,
 ) -> Result<WorkerResult, String> {
     let mut res = WorkerResult::new()?;
     let mut in_flight = FuturesUnordered::new();
-    let mut next = share.first;
     loop {
-        if in_flight.len() < share.limit && next < share.total {
-            let now = Instant::now();
-            let elapsed = now.saturating_duration_since(shared.start);
-            while in_flight.len() < share.limit && next < share.total {
-                let offset = scheduled_offset(next, rate);
-                if offset > elapsed {
-                    break;
-                }
-                let Some(due) = shared.start.checked_add(offset) else {
-                    next = share.total;
-                    break;
-                };
-                if now.saturating_duration_since(due) > LATE_THRESHOLD {
-                    res.late += 1;
-                }
-                let call = tokio::time::timeout(plan.timeout, target.call(next));
-                in_flight.push(async move { (call.await, due) });
-                next += share.step;
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(shared.start);
+        while open.take_slot() {
+            let Some((seq, offset)) = open.claim_due(&shared.next, elapsed) else {
+                open.free_slot();
+                break;
+            };
+            let Some(due) = shared.start.checked_add(offset) else {
+                open.free_slot();
+                break;
+            };
+            if now.saturating_duration_since(due) > LATE_THRESHOLD {
+                res.late += 1;
             }
+            let call = tokio::time::timeout(timeout, target.call(seq));
+            in_flight.push(async move { (call.await, due) });
         }
-        if next >= share.total && in_flight.is_empty() {
+        let claimed = open.all_claimed(&shared.next);
+        if claimed && in_flight.is_empty() {
             break;
         }
         tokio::select! {
             biased;
             Some((outcome, due)) = in_flight.next(), if !in_flight.is_empty() => {
-                res.record(outcome, due, plan.timeout);
+                open.free_slot();
+                res.record(outcome, due, timeout);
                 shared.done.fetch_add(1, Ordering::Relaxed);
             }
-            _ = wake.notified(), if next < share.total => {}
+            _ = wake.notified(), if !claimed => {}
         }
     }
     Ok(res)
@@ -607,19 +642,39 @@ mod tests {
         Ok(())
     }
 
-    /// A server slower than the rate: requests wait for a free slot, are counted late,
-    /// and their latency counts from when they were due, not from when they were sent.
-    #[tokio::test]
-    async fn open_loop_counts_the_wait_for_a_free_slot() -> Result<(), String> {
+    /// 40 requests at 400/s to a server that answers in 20 ms, `concurrency` at a time.
+    async fn slow_open_loop(concurrency: u32) -> Result<(Arc<Slow>, PhaseResult), String> {
         let target = Arc::new(Slow::new(Duration::from_millis(20)));
         let plan = Plan {
-            concurrency: 2,
+            concurrency,
             stop: Stop::Requests(40),
             rate: Some(400.0),
             timeout: Duration::from_secs(5),
         };
         let r = run(Arc::clone(&target), plan, ProgressBar::hidden()).await?;
         assert_eq!(r.counts.ok, 40);
+        Ok((target, r))
+    }
+
+    /// More runtime threads than slots (three dispatchers sharing three slots) and a
+    /// server slower than the rate: every slot is used, never more, and each request
+    /// is sent exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn dispatchers_share_one_in_flight_limit() -> Result<(), String> {
+        let (target, r) = slow_open_loop(3).await?;
+        let mut seen = target.seen.lock().map_err(|e| e.to_string())?.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..40).collect::<Vec<u64>>());
+        assert_eq!(target.peak.load(Ordering::SeqCst), 3);
+        assert!(r.late >= 20, "{} late", r.late);
+        Ok(())
+    }
+
+    /// A server slower than the rate: requests wait for a free slot, are counted late,
+    /// and their latency counts from when they were due, not from when they were sent.
+    #[tokio::test]
+    async fn open_loop_counts_the_wait_for_a_free_slot() -> Result<(), String> {
+        let (target, r) = slow_open_loop(2).await?;
         assert!(target.peak.load(Ordering::SeqCst) <= 2);
         // Two at a time, 20 ms each: the last is sent at least 380 ms after the start,
         // though due at 97.5 ms.

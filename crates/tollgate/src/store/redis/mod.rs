@@ -175,6 +175,8 @@ struct Job {
 
 /// Most requests in one script call.
 const MAX_BATCH: usize = 128;
+// The script's index names a request's argument in two bytes (`script::dedup`).
+const _: () = assert!(MAX_BATCH <= script::MAX_ARGUMENTS);
 /// Script calls in flight at once on a single Redis connection, by default: one (the
 /// requests arriving meanwhile form the next batch), which measured best on loopback.
 const IN_FLIGHT: usize = 1;
@@ -707,21 +709,24 @@ async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, 
     shared.calls.fetch_add(1, Ordering::Relaxed);
     let mut conn = shared.conn.clone();
     let reply = invocation.invoke_async::<Vec<u8>>(&mut conn).await;
+    let reply = reply.map_err(|e| e.to_string()).and_then(|bytes| {
+        script::answers(&bytes).ok_or_else(|| {
+            format!(
+                "the script answered {} bytes, not {} per check",
+                bytes.len(),
+                script::ANSWER_BYTES
+            )
+        })
+    });
     match reply {
-        Ok(bytes) => {
+        Ok(values) => {
             shared.breaker.success();
-            script::answers(&bytes).ok_or_else(|| {
-                Error::Backend(format!(
-                    "the script answered {} bytes, not {} per check",
-                    bytes.len(),
-                    script::ANSWER_BYTES
-                ))
-            })
+            Ok(values)
         }
         Err(e) => {
             shared.breaker.failure();
             shared.errors.fetch_add(1, Ordering::Relaxed);
-            Err(Error::Backend(e.to_string()))
+            Err(Error::Backend(e))
         }
     }
 }

@@ -187,16 +187,25 @@ pub(crate) fn pack(out: &mut Vec<u8>, numbers: &[u64]) {
     }
 }
 
+/// The most distinct packed arguments one script call can name: the index has two
+/// bytes per request.
+pub(crate) const MAX_ARGUMENTS: usize = 1 << 16;
+
 /// The packed arguments of a batch's requests, each distinct one once, and the index
 /// string that names each request's (two little-endian bytes per request, counting
 /// from the first distinct argument). Under Redis `TIME` the requests of one limit and
 /// cost are the same bytes: Redis then makes one argument where it made one per
-/// request, and the script unpacks it once.
+/// request, and the script unpacks it once. A batch holds at most `MAX_BATCH`
+/// requests, far fewer than [`MAX_ARGUMENTS`].
 pub(crate) fn dedup<'a>(args: impl Iterator<Item = &'a [u8]>) -> (Vec<u8>, Vec<&'a [u8]>) {
     let mut seen: HashMap<&[u8], u16, ahash::RandomState> = HashMap::default();
     let mut distinct = Vec::new();
     let mut index = Vec::new();
     for a in args {
+        debug_assert!(
+            distinct.len() < MAX_ARGUMENTS,
+            "more arguments than the index names"
+        );
         let next = u16::try_from(distinct.len()).unwrap_or(u16::MAX);
         let i = *seen.entry(a).or_insert_with(|| {
             distinct.push(a);

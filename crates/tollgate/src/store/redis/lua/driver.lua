@@ -1,8 +1,9 @@
 -- Decides a batch of requests, one after another (each all or nothing on its own).
 -- ARGV: TTL slack in ms, the number of requests, the index (per request, two little-
 -- endian bytes: which of the arguments that follow is the request's, 0 for the first),
--- then each distinct request once (requests of the same bytes, as a limit's requests
--- under Redis TIME are, share one: Redis spends about 2,000 instructions per argument):
+-- then each distinct request once (requests of the same bytes share one, as requests of
+-- one limit and cost under Redis TIME do: Redis spends about 2,000 instructions per
+-- argument):
 -- little-endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
 -- per batch; 1: the next two; +2: the request is already rejected), now seconds, now nanoseconds, the number of checks,
@@ -21,9 +22,10 @@
 -- A request of one check without lockout, not already rejected (most requests), goes
 -- to its algorithm's ALONE function when it has one: the same decision and the same
 -- state written, without the check table, the undo log and the calls between
--- (tools/bench-lua.sh: 67,000-74,000 instructions of Redis per decision on the general
--- path, 32,000-56,000 on ALONE, where a script doing nothing but GET and SET ... PX
--- costs 31,000). The sliding log has no ALONE. Under Redis TIME the requests of one
+-- (tools/bench-lua.sh when ALONE came: 67,000-74,000 instructions of Redis per decision
+-- on the general path, 32,000-56,000 on ALONE; now 26,700-50,700 on ALONE, where a
+-- script doing nothing but GET and SET ... PX, called and answering the same way,
+-- costs 29,300). The sliding log has no ALONE. Under Redis TIME the requests of one
 -- limit and cost are the same argument, so a lone request's unpacked arguments are kept
 -- for the rest of the call (LONE below; 32,900 -> 29,600 per decision).
 SLACK_MS = tonumber(ARGV[1])
