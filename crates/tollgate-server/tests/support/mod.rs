@@ -51,8 +51,8 @@ impl Server {
                 format!("127.0.0.1:{}", free_port()),
                 format!("127.0.0.1:{}", free_port()),
             );
-            let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-                .args([
+            let child = spawn_tollgate(
+                &[
                     "serve",
                     "--config",
                     rules.to_str().unwrap(),
@@ -60,12 +60,9 @@ impl Server {
                     &grpc,
                     "--http-listen",
                     &http,
-                ])
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
+                ],
+                args,
+            );
             let mut server = Server {
                 child,
                 http: format!("http://{http}"),
@@ -147,8 +144,8 @@ impl Proxy {
         let mut exits = Vec::new();
         for _ in 0..5 {
             let addr = format!("127.0.0.1:{}", free_port());
-            let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-                .args([
+            let child = spawn_tollgate(
+                &[
                     "proxy",
                     "--config",
                     rules.to_str().unwrap(),
@@ -156,12 +153,9 @@ impl Proxy {
                     &addr,
                     "--upstream",
                     upstream,
-                ])
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
+                ],
+                args,
+            );
             // Killed by Drop if it never listens.
             let mut proxy = Proxy {
                 child,
@@ -184,6 +178,18 @@ impl Proxy {
 
 /// Polls `ready` every 50 ms until it says yes (`Ok`) or `child` exits (`Err`, its exit
 /// status, so that the caller can try again on other ports); panics after 15 s.
+/// Starts the `tollgate` binary with `command` then the test's own `args`, its output
+/// discarded.
+fn spawn_tollgate(command: &[&str], args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(command)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 async fn wait_until<F, Fut>(child: &mut Child, what: &str, ready: F) -> Result<(), String>
 where
     F: Fn() -> Fut,
