@@ -26,10 +26,10 @@ async fn limit_of(c: &Client, s: &Server, user: &str) -> (u16, Value) {
 }
 
 async fn metric(s: &Server, name: &str) -> u64 {
-    let text = s.get_text("/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
+    match s.metric(name).await {
+        Some(v) => v,
+        None => panic!("{name} not in metrics:\n{}", s.get_text("/metrics").await),
+    }
 }
 
 #[tokio::test]

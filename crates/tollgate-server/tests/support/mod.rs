@@ -108,6 +108,14 @@ impl Server {
             .unwrap()
     }
 
+    /// The value of the metrics line that starts with `name` (labels included), or
+    /// `None` when no such line is exported yet.
+    pub async fn metric(&self, name: &str) -> Option<u64> {
+        let text = self.get_text("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         #[cfg(unix)]
