@@ -40,6 +40,38 @@ impl Status {
     }
 }
 
+/// The caller's deadline from a `grpc-timeout` header value: 1 to 8 ASCII digits and a
+/// unit (`H`, `M`, `S`, `m`, `u` or `n`), as gRPC's "PROTOCOL-HTTP2" document defines it.
+/// `Err` says what is wrong with the value.
+pub fn parse_timeout(value: &[u8]) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let malformed = || {
+        format!(
+            "grpc-timeout {:?} is not 1 to 8 digits and a unit (H, M, S, m, u or n)",
+            String::from_utf8_lossy(value)
+        )
+    };
+    let Some((&unit, digits)) = value.split_last() else {
+        return Err(malformed());
+    };
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(malformed());
+    }
+    // At most 99,999,999: no overflow in u64, nor in hours as seconds.
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Ok(match unit {
+        b'H' => Duration::from_secs(n * 3_600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return Err(malformed()),
+    })
+}
+
 /// Length of the prefix before each message: a compressed flag and a big-endian length.
 pub const PREFIX_LEN: usize = 5;
 
@@ -125,6 +157,40 @@ pub fn percent_decode(raw: &[u8]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_in_every_unit_and_bad_ones_named() {
+        use std::time::Duration;
+        for (value, expected) in [
+            ("20m", Duration::from_millis(20)),
+            ("5S", Duration::from_secs(5)),
+            ("2M", Duration::from_secs(120)),
+            ("1H", Duration::from_secs(3_600)),
+            ("99999999H", Duration::from_secs(99_999_999 * 3_600)),
+            ("4999994u", Duration::from_micros(4_999_994)),
+            ("150n", Duration::from_nanos(150)),
+            ("0m", Duration::ZERO),
+        ] {
+            assert_eq!(parse_timeout(value.as_bytes()), Ok(expected), "{value}");
+        }
+        for value in [
+            "",
+            "m",
+            "20",
+            "20x",
+            "123456789m",
+            "-1m",
+            "1.5S",
+            " 20m",
+            "20ms",
+        ] {
+            let e = parse_timeout(value.as_bytes()).unwrap_err();
+            assert!(
+                e.contains("grpc-timeout") && e.contains("unit"),
+                "{value}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn a_framed_message_is_found_and_bad_framing_named() {

@@ -8,6 +8,7 @@
 //! not empty.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use crate::frame::{self, flag, kind, setting, Frame};
 use crate::grpc::{self, Code, Status};
@@ -53,6 +54,8 @@ pub struct Call {
     pub method: usize,
     /// The request message (without its 5-byte prefix).
     pub message: Vec<u8>,
+    /// How long the caller waits for the answer (`grpc-timeout`), when it said.
+    pub timeout: Option<Duration>,
 }
 
 /// What a stream's request turned out to be.
@@ -69,6 +72,7 @@ enum Target {
 #[derive(Debug)]
 struct Stream {
     target: Target,
+    timeout: Option<Duration>,
     body: Vec<u8>,
     recv_closed: bool,
     send_window: i64,
@@ -535,11 +539,17 @@ impl ServerConn {
             frame::put_rst_stream(&mut self.out, stream, ErrorCode::RefusedStream);
             return Ok(());
         }
+        let timeout = request
+            .timeout
+            .as_ref()
+            .and_then(|t| t.as_ref().ok())
+            .copied();
         let target = request.target();
         self.streams.insert(
             stream,
             Stream {
                 target,
+                timeout,
                 body: Vec::new(),
                 recv_closed: end_stream,
                 send_window: self.peer_initial_window,
@@ -558,6 +568,7 @@ impl ServerConn {
             return;
         };
         let mut body = std::mem::take(&mut s.body);
+        let timeout = s.timeout;
         self.buffered -= body.len();
         match s.target.clone() {
             Target::Method(method) => match grpc::unary_message(&body) {
@@ -567,6 +578,7 @@ impl ServerConn {
                         stream,
                         method,
                         message: body,
+                        timeout,
                     });
                 }
                 Err(status) => self.respond_status(stream, &status),
@@ -672,6 +684,8 @@ struct RequestHeaders {
     post: bool,
     has_method: bool,
     grpc: bool,
+    /// `grpc-timeout`, read (or what is wrong with it).
+    timeout: Option<Result<Duration, String>>,
 }
 
 impl RequestHeaders {
@@ -691,6 +705,7 @@ impl RequestHeaders {
             b"content-type" => {
                 self.grpc = value.starts_with(b"application/grpc");
             }
+            b"grpc-timeout" => self.timeout = Some(grpc::parse_timeout(value)),
             _ => {}
         }
     }
@@ -704,6 +719,9 @@ impl RequestHeaders {
         }
         if !self.grpc {
             return Target::Http(415);
+        }
+        if let Some(Err(why)) = self.timeout {
+            return Target::Status(Status::new(Code::InvalidArgument, why));
         }
         match self.method {
             Some(m) => Target::Method(m),

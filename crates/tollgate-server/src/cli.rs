@@ -95,7 +95,9 @@ pub struct CommonArgs {
     /// (shared by every instance on that Redis) or `redis+cluster://host:port,host:port`.
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
     pub store: String,
-    /// Deadline of each Redis call; past it, each rule's `failure_mode` answers.
+    /// Deadline of each Redis call; past it, each rule's `failure_mode` answers. A gRPC
+    /// call's `grpc-timeout` (Envoy sends its rate limit timeout) shortens it to four
+    /// fifths of that timeout, so that the rule answers before the caller gives up.
     #[arg(long, env = "TOLLGATE_REDIS_DEADLINE", default_value = "20ms", value_parser = parse_duration)]
     pub redis_deadline: Duration,
     /// Prefix of every Redis key.

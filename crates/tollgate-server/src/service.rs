@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
 
@@ -42,8 +42,18 @@ impl Service {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, limiter::Error> {
+        self.decide_within(request, None).await
+    }
+
+    /// [`decide`](Self::decide) for a caller that waits at most `budget` for the store
+    /// ([`Limiter::check_within`]).
+    pub async fn decide_within(
+        &self,
+        request: &RateLimitRequest,
+        budget: Option<Duration>,
+    ) -> Result<RateLimitResponse, limiter::Error> {
         let started = Instant::now();
-        match self.limiter.check(request).await {
+        match self.limiter.check_within(request, budget).await {
             Ok(response) => {
                 self.metrics
                     .record(request, &response, started.elapsed().as_secs_f64());

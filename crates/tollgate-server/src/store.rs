@@ -113,4 +113,16 @@ impl Store for AnyStore {
             AnyStore::Redis(r) => r.check(now, checks).await,
         }
     }
+
+    async fn check_within(
+        &self,
+        now: Nanos,
+        checks: &[Check<'_>],
+        budget: std::time::Duration,
+    ) -> Result<Vec<Decision>, store::Error> {
+        match self {
+            AnyStore::Memory(m) => Ok(m.check_all(now, checks)),
+            AnyStore::Redis(r) => r.check_within(now, checks, budget).await,
+        }
+    }
 }

@@ -14,6 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use redis_server::{RedisCluster, RedisServer};
 use support::{tempdir, Server};
 
@@ -423,6 +429,94 @@ async fn a_stopped_redis_cannot_stall_a_request() {
         metrics.contains("tollgate_store_errors_total{kind=\"timeout\"}"),
         "{metrics}"
     );
+}
+
+/// `ShouldRateLimit` for `{k: v}` in `domain`, as Envoy would send it.
+fn rls_request(domain: &str, timeout: Option<Duration>) -> tonic::Request<RateLimitRequest> {
+    let mut request = tonic::Request::new(RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    });
+    if let Some(timeout) = timeout {
+        request.set_timeout(timeout);
+    }
+    request
+}
+
+/// Envoy sends its rate limit timeout as `grpc-timeout` (20 ms by default) and gives up
+/// on the call after it, answering by its own `failure_mode_deny` instead of the rule's.
+/// So a stalled Redis must be answered by each rule's failure mode within the caller's
+/// timeout, even when `--redis-deadline` is longer: on both gRPC transports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_grpc_timeout_bounds_the_wait_for_a_stalled_redis() {
+    let redis = RedisServer::start();
+    let dir = tempdir("redis-grpc-timeout");
+    write_failure_rules(&dir);
+    let store = redis.url();
+    let client = reqwest::Client::new();
+    for transport in ["native", "tonic"] {
+        let args = [
+            "--store",
+            store.as_str(),
+            "--redis-deadline",
+            "5s",
+            "--grpc-transport",
+            transport,
+        ];
+        let server = Server::start(&dir, &args).await;
+        wait_until_redis_decides(&client, &server.http).await;
+        let mut rls = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
+        redis.pause(true);
+        for (domain, expected) in [("closed", Code::OverLimit), ("open", Code::Ok)] {
+            let started = Instant::now();
+            let answer = rls
+                .should_rate_limit(rls_request(domain, Some(Duration::from_millis(300))))
+                .await;
+            let took = started.elapsed();
+            let answer = answer
+                .unwrap_or_else(|s| panic!("{transport}, {domain}: {s:?} after {took:?}"))
+                .into_inner();
+            assert_eq!(
+                answer.overall_code, expected as i32,
+                "{transport}, {domain}"
+            );
+            assert!(
+                took < Duration::from_secs(2),
+                "{transport}, {domain}: answered after {took:?}: the store's 5 s deadline, not the caller's 300 ms"
+            );
+        }
+        // A malformed timeout is the caller's mistake, named.
+        let mut bad = rls_request("open", None);
+        bad.metadata_mut()
+            .insert("grpc-timeout", "soon".parse().unwrap());
+        let status = rls.should_rate_limit(bad).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{transport}: {status:?}"
+        );
+        assert!(
+            status.message().contains("grpc-timeout"),
+            "{transport}: {status:?}"
+        );
+        redis.pause(false);
+        assert!(
+            server
+                .metric("tollgate_store_errors_total{kind=\"timeout\"}")
+                .await
+                .is_some_and(|n| n >= 2),
+            "{transport}: the missed deadlines are counted as Redis timeouts"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -341,6 +341,18 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a request.
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Error> {
+        self.check_within(request, None).await
+    }
+
+    /// Decides a request for a caller that waits at most `budget` (a gRPC client's
+    /// `grpc-timeout`, say): a store that may wait answers by then, and if it could not,
+    /// each rule's `failure_mode` does ([`Store::check_within`]), so that the caller gets
+    /// the rule's answer rather than its own timeout. `None`: the store's own deadline.
+    pub async fn check_within(
+        &self,
+        request: &RateLimitRequest,
+        budget: Option<std::time::Duration>,
+    ) -> Result<RateLimitResponse, Error> {
         request.validate()?;
         let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
@@ -351,7 +363,11 @@ impl<S: Store> Limiter<S> {
             return Ok(self.respond(request, domain, &plan, &[], None));
         }
         let now = self.clock.now();
-        match self.store.check(now, &checks).await {
+        let decided = match budget {
+            None => self.store.check(now, &checks).await,
+            Some(budget) => self.store.check_within(now, &checks, budget).await,
+        };
+        match decided {
             Ok(decisions) => Ok(self.respond(request, domain, &plan, &decisions, None)),
             Err(e) => {
                 self.failures.record(&e);

@@ -33,6 +33,18 @@ fn ready<F: Future>(f: F) -> F::Output {
 }
 
 #[test]
+fn a_callers_budget_changes_nothing_in_memory() {
+    let store = MemoryStore::new();
+    let l = fixed(1, 60, 1);
+    let within = |budget| ready(store.check_within(T0, &[Check::new(&l, "k", 1)], budget));
+    assert!(
+        within(Duration::ZERO).unwrap()[0].allowed,
+        "decided, not timed out"
+    );
+    assert!(!within(Duration::ZERO).unwrap()[0].allowed, "and charged");
+}
+
+#[test]
 fn a_rejected_request_charges_none_of_its_checks() {
     let store = MemoryStore::new();
     let (wide, narrow) = (fixed(20, 60, 1), fixed(1, 60, 2));

@@ -812,6 +812,62 @@ fn fixed(limit: u64, window: Duration) -> Limit {
 }
 
 #[test]
+fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
+    let server = RedisServer::start();
+    let rt = two_threads();
+    let store = rt
+        .block_on(
+            RedisStore::builder(server.url())
+                .deadline(Duration::from_secs(5))
+                .blocked_cache(0)
+                .connect(),
+        )
+        .unwrap();
+    let l = fixed(1_000, Duration::from_secs(3_600));
+    let budget = Duration::from_millis(100);
+    // Up: the budget changes nothing.
+    let d = rt
+        .block_on(store.check_within(0, &[Check::new(&l, "k", 1)], budget))
+        .unwrap();
+    assert_eq!(d[0].remaining, 999);
+    server.pause(true);
+    let start = std::time::Instant::now();
+    let answer = rt.block_on(store.check_within(0, &[Check::new(&l, "k", 1)], budget));
+    let took = start.elapsed();
+    server.pause(false);
+    assert!(
+        matches!(answer, Err(tollgate::store::Error::Timeout(t)) if t == budget),
+        "{answer:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "waited {took:?}, not the budget"
+    );
+    assert_eq!(
+        store.stats().timeouts,
+        1,
+        "counted as the store's own timeout"
+    );
+    // A budget longer than the deadline leaves the deadline in force.
+    server.pause(true);
+    let answer = rt.block_on(async {
+        let short = RedisStore::builder(server.url())
+            .deadline(Duration::from_millis(50))
+            .connect()
+            .await
+            .unwrap();
+        short
+            .check_within(0, &[Check::new(&l, "k", 1)], Duration::from_secs(60))
+            .await
+    });
+    server.pause(false);
+    assert!(
+        matches!(answer, Err(tollgate::store::Error::Timeout(t)) if t == Duration::from_millis(50)),
+        "{answer:?}"
+    );
+}
+
+#[test]
 fn requests_that_missed_their_deadline_are_not_charged_later() {
     let server = RedisServer::start();
     let rt = two_threads();

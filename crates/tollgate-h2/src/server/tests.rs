@@ -71,12 +71,14 @@ fn calls_are_handed_out_and_answers_reach_the_client() {
             Call {
                 stream: first,
                 method: 0,
-                message: b"one".to_vec()
+                message: b"one".to_vec(),
+                timeout: None,
             },
             Call {
                 stream: second,
                 method: 1,
-                message: b"two".to_vec()
+                message: b"two".to_vec(),
+                timeout: None,
             },
         ]
     );
@@ -140,6 +142,54 @@ fn input_split_anywhere_gives_the_same_calls() {
         assert_eq!(calls.len(), 5, "split at {split}");
         assert_eq!(calls[4].message, vec![4; 40]);
     }
+}
+
+#[test]
+fn a_calls_grpc_timeout_comes_with_it_and_a_malformed_one_is_an_invalid_argument() {
+    let mut server = ServerConn::new(ServerSettings::default(), METHODS);
+    let mut input = raw_start();
+    let mut body = Vec::new();
+    grpc::put_message(&mut body, b"one");
+    for (stream, timeout) in [(1, &b"20m"[..]), (3, b"20x"), (5, b"")] {
+        let mut block = request_block(b"POST", METHODS[0].as_bytes(), b"application/grpc");
+        if !timeout.is_empty() {
+            hpack::put_literal(&mut block, b"grpc-timeout", timeout);
+        }
+        frame::put_headers(&mut input, stream, &block, 16_384, false);
+        frame::put_data(&mut input, stream, &body, 16_384, true);
+    }
+    let mut calls = Vec::new();
+    server.receive(&input, &mut calls).expect("accepts");
+    let streams: Vec<(u32, Option<Duration>)> =
+        calls.iter().map(|c| (c.stream, c.timeout)).collect();
+    assert_eq!(
+        streams,
+        vec![(1, Some(Duration::from_millis(20))), (5, None)],
+        "the call with a malformed timeout is answered, not handed out"
+    );
+    let out = frames(server.output());
+    let headers = out
+        .iter()
+        .find(|f| f.0 == kind::HEADERS && f.2 == 3)
+        .expect("stream 3 is answered");
+    let mut fields = Vec::new();
+    hpack::Decoder::new(4096)
+        .decode(&headers.3, |n, v| fields.push((n.to_vec(), v.to_vec())))
+        .expect("decodes");
+    let field = |name: &[u8]| {
+        fields
+            .iter()
+            .find(|f| f.0 == name)
+            .map(|f| String::from_utf8_lossy(&f.1).into_owned())
+    };
+    assert_eq!(
+        field(b"grpc-status"),
+        Some((Code::InvalidArgument as u32).to_string())
+    );
+    assert!(
+        field(b"grpc-message").is_some_and(|m| m.contains("grpc-timeout") && m.contains("20x")),
+        "{fields:?}"
+    );
 }
 
 #[test]

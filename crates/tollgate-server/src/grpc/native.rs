@@ -154,7 +154,7 @@ async fn handle(service: &Service, call: Call) -> (u32, Result<Vec<u8>, Status>)
             service.metrics.invalid_request();
             Err(Status::new(Code::InvalidArgument, why.to_string()))
         }
-        Ok(request) => match rls::decide_request(service, &request).await {
+        Ok(request) => match rls::decide_request(service, &request, call.timeout).await {
             Ok(response) => Ok(encode::response(&response, service.headers)),
             Err(Failure::InvalidArgument(why)) => Err(Status::new(Code::InvalidArgument, why)),
             Err(Failure::Unavailable(why)) => Err(Status::new(Code::Unavailable, why)),

@@ -2,6 +2,7 @@
 //! envoyproxy/ratelimit: wire types in, [`Service::decide`], wire types out.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -40,7 +41,16 @@ impl RateLimitService for Rls {
         &self,
         request: tonic::Request<WireRequest>,
     ) -> Result<tonic::Response<WireResponse>, tonic::Status> {
-        match answer(&self.service, request.into_inner()).await {
+        // tonic's server gives up on the call at the caller's timeout by itself; the
+        // store is given less, so that the rule's failure mode answers first.
+        let timeout = match request.metadata().get("grpc-timeout") {
+            None => None,
+            Some(value) => match tollgate_h2::grpc::parse_timeout(value.as_bytes()) {
+                Ok(timeout) => Some(timeout),
+                Err(why) => return Err(tonic::Status::invalid_argument(why)),
+            },
+        };
+        match answer(&self.service, request.into_inner(), timeout).await {
             Ok(response) => Ok(tonic::Response::new(response)),
             Err(Failure::InvalidArgument(why)) => Err(tonic::Status::invalid_argument(why)),
             Err(Failure::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
@@ -58,27 +68,45 @@ pub enum Failure {
 }
 
 /// `ShouldRateLimit` through envoy-types' structs (tonic): wire request →
-/// [`decide_request`] → wire response.
-pub async fn answer(service: &Service, wire: WireRequest) -> Result<WireResponse, Failure> {
+/// [`decide_request`] → wire response. `timeout`: the caller's `grpc-timeout`.
+pub async fn answer(
+    service: &Service,
+    wire: WireRequest,
+    timeout: Option<Duration>,
+) -> Result<WireResponse, Failure> {
     let request = from_wire(wire).map_err(|e| {
         service.metrics.invalid_request();
         Failure::InvalidArgument(e)
     })?;
-    let response = decide_request(service, &request).await?;
+    let response = decide_request(service, &request, timeout).await?;
     Ok(to_wire(&response, service))
 }
 
 /// The decision for a request already read off the wire (by [`from_wire`], or by
-/// the native transport's `grpc::decode`), through [`Service::decide`].
+/// the native transport's `grpc::decode`), through [`Service::decide_within`]: a caller
+/// that sent a `grpc-timeout` gets the store's answer, or else its rules' failure modes,
+/// within [`store_budget`] of it.
 pub async fn decide_request(
     service: &Service,
     request: &RateLimitRequest,
+    timeout: Option<Duration>,
 ) -> Result<RateLimitResponse, Failure> {
-    match service.decide(request).await {
+    match service
+        .decide_within(request, timeout.map(store_budget))
+        .await
+    {
         Ok(response) => Ok(response),
         Err(limiter::Error::InvalidRequest(why)) => Err(Failure::InvalidArgument(why)),
         Err(e) => Err(Failure::Unavailable(e.to_string())),
     }
+}
+
+/// How long the store may take for a caller with `timeout` (`grpc-timeout`): four
+/// fifths of it, leaving the rest for the answer's way back and the caller's own clock
+/// (16 ms of Envoy's default 20 ms). The store's own deadline (`--redis-deadline`)
+/// still applies when it is shorter.
+pub fn store_budget(timeout: Duration) -> Duration {
+    timeout * 4 / 5
 }
 
 /// The wire request as a [`RateLimitRequest`]; `Err` names what is malformed.

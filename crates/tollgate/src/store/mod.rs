@@ -97,4 +97,18 @@ pub trait Store: Send + Sync {
         now: Nanos,
         checks: &'a [Check<'a>],
     ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a;
+
+    /// As [`Store::check`], for a caller that waits at most `budget` for the answer: a
+    /// store that may wait (Redis) answers [`Error::Timeout`] once the budget or its own
+    /// deadline has passed, whichever comes first, and counts it as its own missed
+    /// deadline. A store that never waits (in memory, the default here) ignores it.
+    fn check_within<'a>(
+        &'a self,
+        now: Nanos,
+        checks: &'a [Check<'a>],
+        budget: std::time::Duration,
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
+        let _ = budget;
+        self.check(now, checks)
+    }
 }

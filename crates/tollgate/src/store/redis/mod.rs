@@ -404,6 +404,7 @@ impl RedisStore {
         now: Nanos,
         checks: &[Check<'_>],
         rejected: bool,
+        deadline: Duration,
     ) -> Result<Vec<Decision>, Error> {
         let mut encoded = Vec::with_capacity(checks.len());
         for c in checks {
@@ -420,15 +421,16 @@ impl RedisStore {
         }
         let replies = if let [group] = groups.as_slice() {
             vec![
-                self.send(request(
-                    self.time, now, checks, &encoded, &names, group, rejected,
-                ))
+                self.send(
+                    request(self.time, now, checks, &encoded, &names, group, rejected),
+                    deadline,
+                )
                 .await,
             ]
         } else {
             let calls = groups.iter().map(|group| {
                 let request = request(self.time, now, checks, &encoded, &names, group, rejected);
-                self.send(request)
+                self.send(request, deadline)
             });
             futures_util::future::join_all(calls).await
         };
@@ -481,8 +483,8 @@ impl RedisStore {
     }
 
     /// Sends one request: through the batcher (single Redis) or in a call of its own
-    /// (cluster), within the deadline.
-    async fn send(&self, request: Request) -> Result<Vec<i64>, Error> {
+    /// (cluster), within `deadline`.
+    async fn send(&self, request: Request, deadline: Duration) -> Result<Vec<i64>, Error> {
         let answer = async {
             match &self.queue {
                 Some(queue) => {
@@ -497,9 +499,9 @@ impl RedisStore {
                 None => invoke(&self.shared, std::slice::from_ref(&request)).await,
             }
         };
-        tokio::time::timeout(self.deadline, answer)
+        tokio::time::timeout(deadline, answer)
             .await
-            .map_err(|_| Error::Timeout(self.deadline))?
+            .map_err(|_| Error::Timeout(deadline))?
     }
 }
 
@@ -733,13 +735,34 @@ async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, 
 
 impl Store for RedisStore {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        self.check_by(now, checks, self.deadline).await
+    }
+
+    async fn check_within(
+        &self,
+        now: Nanos,
+        checks: &[Check<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Decision>, Error> {
+        self.check_by(now, checks, budget.min(self.deadline)).await
+    }
+}
+
+impl RedisStore {
+    /// [`Store::check`] with Redis answering within `deadline`.
+    async fn check_by(
+        &self,
+        now: Nanos,
+        checks: &[Check<'_>],
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, Error> {
         let Some(cache) = &self.cache else {
-            return self.decide(now, checks, false).await;
+            return self.decide(now, checks, false, deadline).await;
         };
         let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
         let hits = cached.iter().filter(|d| d.is_some()).count();
         if hits == 0 {
-            let decisions = self.decide(now, checks, false).await?;
+            let decisions = self.decide(now, checks, false, deadline).await?;
             for (c, d) in checks.iter().zip(&decisions) {
                 cache.remember(c, d, now);
             }
@@ -755,7 +778,7 @@ impl Store for RedisStore {
             return Ok(decisions);
         }
         let others: Vec<Check<'_>> = rest.iter().map(|&i| checks[i]).collect();
-        match self.decide(now, &others, true).await {
+        match self.decide(now, &others, true, deadline).await {
             Ok(answers) => {
                 for (&i, d) in rest.iter().zip(answers) {
                     cache.remember(&checks[i], &d, now);
