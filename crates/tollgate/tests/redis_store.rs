@@ -868,6 +868,59 @@ fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
 }
 
 #[test]
+fn only_a_budget_near_the_deadline_feeds_the_circuit_breaker() {
+    let server = RedisServer::start();
+    let rt = two_threads();
+    let store = rt
+        .block_on(
+            RedisStore::builder(server.url())
+                .deadline(Duration::from_millis(200))
+                .circuit_breaker(5, Duration::from_secs(60))
+                .blocked_cache(0)
+                .connect(),
+        )
+        .unwrap();
+    let l = fixed(1_000, Duration::from_secs(3_600));
+    let miss = |budget| {
+        let answer = rt.block_on(store.check_within(0, &[Check::new(&l, "k", 1)], budget));
+        assert!(
+            matches!(answer, Err(tollgate::store::Error::Timeout(_))),
+            "{answer:?}"
+        );
+    };
+    rt.block_on(store.check(0, &[Check::new(&l, "k", 0)]))
+        .unwrap();
+    server.pause(true);
+    // A caller with a tiny budget (under half the deadline): its misses are counted,
+    // but the circuit stays closed for the other callers.
+    for _ in 0..8 {
+        miss(Duration::from_millis(20));
+    }
+    assert_eq!(store.stats().timeouts, 8);
+    assert_eq!(
+        store.stats().circuit_opened,
+        0,
+        "a tiny budget opened the circuit"
+    );
+    // Budgets near the deadline are Redis's misses: five in a row open it (one of the
+    // five may be the stuck script call's own failure, after redis-rs's 500 ms).
+    for _ in 0..5 {
+        let answer = rt.block_on(store.check_within(
+            0,
+            &[Check::new(&l, "k", 1)],
+            Duration::from_millis(150),
+        ));
+        match answer {
+            Err(tollgate::store::Error::Timeout(_)) => {}
+            Err(tollgate::store::Error::CircuitOpen) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    server.pause(false);
+    assert_eq!(store.stats().circuit_opened, 1);
+}
+
+#[test]
 fn requests_that_missed_their_deadline_are_not_charged_later() {
     let server = RedisServer::start();
     let rt = two_threads();

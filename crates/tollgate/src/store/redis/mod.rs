@@ -446,9 +446,14 @@ impl RedisStore {
                     )));
                 }
                 Err(e) => {
-                    if matches!(e, Error::Timeout(_)) {
-                        // The call may still be running: count the miss here.
-                        self.shared.breaker.failure();
+                    if let Error::Timeout(waited) = e {
+                        // The call may still be running: count the miss here. A
+                        // caller's budget far shorter than the deadline says more about
+                        // the caller than about Redis: it does not feed the breaker, so
+                        // that one impatient client cannot turn Redis off for everyone.
+                        if waited * 2 >= self.deadline {
+                            self.shared.breaker.failure();
+                        }
                         self.timeouts.fetch_add(1, Ordering::Relaxed);
                     }
                     return Err(e);
