@@ -97,12 +97,20 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
     if let Err(e) = rules::reload_on_sighup(Arc::clone(&rules)) {
         warn!("cannot listen for SIGHUP: {e}");
     }
+    let tls = match args.redis_tls() {
+        Ok(tls) => tls,
+        Err(e) => {
+            error!("cannot set up TLS to Redis: {e}");
+            return None;
+        }
+    };
     let options = StoreOptions {
         max_keys: args.max_keys,
         deadline: args.redis_deadline,
         prefix: args.redis_prefix.clone(),
         blocked_cache: args.blocked_cache,
         caller_time: false,
+        tls,
     };
     let store = match AnyStore::open(&args.store, &options).await {
         Ok(s) => s,

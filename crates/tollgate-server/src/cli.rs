@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tollgate::store::RedisTls;
 
 /// Tollgate: an exact, fast rate limiter.
 ///
@@ -103,6 +104,25 @@ pub struct CommonArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
     pub redis_prefix: String,
+    /// PEM file of the certificate authorities to trust for a `rediss://` store
+    /// (default: the system's roots).
+    #[arg(long, env = "TOLLGATE_REDIS_CA_CERT")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// PEM file of the client certificate to present to a Redis with
+    /// `tls-auth-clients yes` (with --redis-client-key).
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_CLIENT_CERT",
+        requires = "redis_client_key"
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM file of that client certificate's private key.
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_CLIENT_KEY",
+        requires = "redis_client_cert"
+    )]
+    pub redis_client_key: Option<PathBuf>,
     /// Keys over their limit are answered locally until their retry time, up to this
     /// many keys (0 turns the blocked-key cache off).
     #[arg(long, env = "TOLLGATE_BLOCKED_CACHE", default_value_t = 100_000)]
@@ -134,6 +154,25 @@ pub struct CommonArgs {
     /// Share of a limit used from which hits count as `near_limit` in metrics.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+}
+
+impl CommonArgs {
+    /// The TLS settings the `--redis-*-cert` flags give (`None` when none is set), or
+    /// which file could not be read.
+    pub fn redis_tls(&self) -> Result<Option<RedisTls>, String> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let ca_pem = self.redis_ca_cert.as_ref().map(read).transpose()?;
+        let client_pem = match (&self.redis_client_cert, &self.redis_client_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        if ca_pem.is_none() && client_pem.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(RedisTls { ca_pem, client_pem }))
+    }
 }
 
 /// Settings of `tollgate proxy`; every flag also reads a `TOLLGATE_*` variable.

@@ -39,6 +39,7 @@ fn options(_store: &str) -> StoreOptions {
         prefix: format!("tollgate-conformance:{}:{nanos:x}:{n}", std::process::id()),
         blocked_cache: 0,
         caller_time: true,
+        tls: None,
     }
 }
 

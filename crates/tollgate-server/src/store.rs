@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tollgate::clock::Nanos;
 use tollgate::decision::Decision;
-use tollgate::store::{self, Check, MemoryStore, RedisStore, Store, TimeSource};
+use tollgate::store::{self, Check, MemoryStore, RedisStore, RedisTls, Store, TimeSource};
 
 /// `memory`, or a Redis / Redis Cluster store.
 pub enum AnyStore {
@@ -27,6 +27,8 @@ pub struct StoreOptions {
     pub blocked_cache: usize,
     /// Take time from the caller (conformance runs with a manual clock) instead of Redis.
     pub caller_time: bool,
+    /// CA and client certificate for a `rediss://` store.
+    pub tls: Option<RedisTls>,
 }
 
 impl AnyStore {
@@ -39,13 +41,16 @@ impl AnyStore {
         }
         if !spec.starts_with("redis") {
             return Err(format!(
-                "unknown store `{spec}` (expected memory, redis://host:port or redis+cluster://host:port,host:port)"
+                "unknown store `{spec}` (expected memory, redis://host:port, rediss://host:port or redis+cluster://host:port,host:port)"
             ));
         }
         let mut builder = RedisStore::builder(spec)
             .deadline(options.deadline)
             .prefix(options.prefix.clone())
             .blocked_cache(options.blocked_cache);
+        if let Some(tls) = &options.tls {
+            builder = builder.tls(tls.clone());
+        }
         if options.caller_time {
             builder = builder
                 .time_source(TimeSource::Caller)

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use redis_server::{RedisCluster, RedisServer};
+use redis_server::{RedisCluster, RedisServer, TlsFiles};
 use support::{tempdir, Server};
 
 fn shared_cases() -> PathBuf {
@@ -517,6 +517,62 @@ async fn a_callers_grpc_timeout_bounds_the_wait_for_a_stalled_redis() {
             "{transport}: the missed deadlines are counted as Redis timeouts"
         );
     }
+}
+
+/// `tollgate serve --store rediss://…` with the CA and a client certificate (Redis
+/// requires one) decides in Redis; a certificate file that cannot be read stops the
+/// start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_decides_on_a_redis_that_requires_tls() {
+    let files = TlsFiles::generate("serve");
+    let redis = RedisServer::start_tls(&files, "yes");
+    let dir = tempdir("redis-tls");
+    std::fs::write(
+        dir.join("tls.yaml"),
+        "domain: tls\nfailure_mode: fail_open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let (url, ca) = (redis.tls_url(), files.path("ca.pem"));
+    let (cert, key) = (files.path("client.pem"), files.path("client.key"));
+    let args = [
+        "--store",
+        url.as_str(),
+        "--redis-ca-cert",
+        ca.to_str().unwrap(),
+        "--redis-client-cert",
+        cert.to_str().unwrap(),
+        "--redis-client-key",
+        key.to_str().unwrap(),
+        "--redis-deadline",
+        "2s",
+    ];
+    let server = Server::start(&dir, &args).await;
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(status(&client, &server.http, "tls").await.0);
+    }
+    // fail_open would admit all three: the third is Redis's rejection.
+    assert_eq!(statuses, [200, 200, 429]);
+    assert!(redis.calls("evalsha") >= 3, "decided in Redis");
+    let metrics = server.get_text("/metrics").await;
+    assert!(
+        !metrics.contains("tollgate_store_errors_total{"),
+        "{metrics}"
+    );
+
+    let missing = dir.join("no-such-ca.pem");
+    let args = [
+        "--store",
+        url.as_str(),
+        "--redis-ca-cert",
+        missing.to_str().unwrap(),
+    ];
+    let said = support::serve_refused(&dir, &args);
+    assert!(
+        said.contains("cannot read") && said.contains("no-such-ca.pem"),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

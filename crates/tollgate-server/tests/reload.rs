@@ -117,20 +117,7 @@ async fn a_server_with_invalid_rules_does_not_start() {
         "domain: r\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--config",
-            dir.to_str().unwrap(),
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = support::serve_refused(&dir, &[]);
     assert!(
         stderr.contains("r.yaml:4:5: unknown key `ratelimit`"),
         "{stderr}"

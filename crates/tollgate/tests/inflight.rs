@@ -60,6 +60,37 @@ where
     }
 }
 
+/// Over TLS (`rediss://`, Redis requiring a client certificate), permits are taken
+/// and counted in Redis as over plain TCP.
+#[cfg(feature = "redis-tls")]
+#[test]
+fn permits_work_over_tls() {
+    let files = redis_server::TlsFiles::generate("inflight");
+    let server = RedisServer::start_tls(&files, "yes");
+    runtime(2).block_on(async {
+        let store = RedisInFlight::builder(server.tls_url())
+            .prefix("tg")
+            .deadline(Duration::from_secs(1))
+            .tls(tollgate::store::RedisTls {
+                ca_pem: Some(files.read("ca.pem")),
+                client_pem: Some((files.read("client.pem"), files.read("client.key"))),
+            })
+            .connect()
+            .await
+            .unwrap();
+        let first = take(&store, b"k", 1).await;
+        assert!(first.is_some());
+        assert!(
+            take(&store, b"k", 1).await.is_none(),
+            "the one permit is taken"
+        );
+    });
+    assert!(
+        server.calls("evalsha") + server.calls("eval") >= 2,
+        "counted in Redis"
+    );
+}
+
 #[test]
 fn two_instances_share_one_max() {
     let server = RedisServer::start();

@@ -811,6 +811,69 @@ fn fixed(limit: u64, window: Duration) -> Limit {
     Limit::new(Algorithm::FixedWindow(FixedWindow::new(limit, window))).unwrap()
 }
 
+/// `rediss://` with the CA and a client certificate decides in Redis; a store that
+/// trusts another CA, or presents no certificate where Redis asks for one, fails
+/// (and never decides); certificates for a plain URL are refused at once.
+#[cfg(feature = "redis-tls")]
+#[test]
+fn over_tls_the_store_decides_and_trusts_only_its_ca() {
+    use tollgate::store::RedisTls;
+    let files = redis_server::TlsFiles::generate("store");
+    let server = RedisServer::start_tls(&files, "yes");
+    let rt = two_threads();
+    let l = fixed(3, Duration::from_secs(3_600));
+    let connect = |ca: &str, client: bool| {
+        let tls = RedisTls {
+            ca_pem: Some(files.read(ca)),
+            client_pem: client.then(|| (files.read("client.pem"), files.read("client.key"))),
+        };
+        rt.block_on(
+            RedisStore::builder(server.tls_url())
+                .deadline(Duration::from_secs(2))
+                .blocked_cache(0)
+                .tls(tls)
+                .connect(),
+        )
+        .unwrap()
+    };
+    let ask = |store: &RedisStore| rt.block_on(store.check(0, &[Check::new(&l, "k", 1)]));
+
+    let good = connect("ca.pem", true);
+    let remaining: Vec<u64> = (0..3).map(|_| ask(&good).unwrap()[0].remaining).collect();
+    assert_eq!(remaining, [2, 1, 0]);
+    assert!(!ask(&good).unwrap()[0].allowed);
+    let calls = server.calls("evalsha");
+    assert!(calls >= 4, "decided in Redis");
+
+    for (ca, client, what) in [
+        ("other-ca.pem", true, "a server certificate from another CA"),
+        ("ca.pem", false, "no client certificate"),
+    ] {
+        let store = connect(ca, client);
+        let e = ask(&store).expect_err(what).to_string();
+        assert!(
+            e.to_lowercase().contains("certificate"),
+            "{what}: the error should say why: {e}"
+        );
+    }
+    assert_eq!(
+        server.calls("evalsha"),
+        calls,
+        "the failed stores decided nothing"
+    );
+
+    let plain = rt.block_on(
+        RedisStore::builder(server.url())
+            .tls(RedisTls::default())
+            .connect(),
+    );
+    let e = plain
+        .err()
+        .expect("certificates for redis:// are refused")
+        .to_string();
+    assert!(e.contains("rediss://"), "{e}");
+}
+
 #[test]
 fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
     let server = RedisServer::start();

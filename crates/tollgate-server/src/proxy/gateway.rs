@@ -70,14 +70,17 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let inflight = if args.common.store.starts_with("redis://") {
-        match RedisInFlight::builder(args.common.store.clone())
+    let store = &args.common.store;
+    let inflight = if store.starts_with("redis://") || store.starts_with("rediss://") {
+        let mut builder = RedisInFlight::builder(store.clone())
             .prefix(format!("{}:inflight", args.common.redis_prefix))
             .lease(args.permit_lease)
-            .deadline(args.common.redis_deadline)
-            .connect()
-            .await
-        {
+            .deadline(args.common.redis_deadline);
+        // Read already by `core`, which stops the gateway if the files cannot be read.
+        if let Ok(Some(tls)) = args.common.redis_tls() {
+            builder = builder.tls(tls);
+        }
+        match builder.connect().await {
             Ok(r) => AnyInFlight::Redis(Box::new(r)),
             Err(e) => {
                 error!("cannot open the Redis permits: {e}");

@@ -184,8 +184,26 @@ impl Proxy {
     }
 }
 
-/// Polls `ready` every 50 ms until it says yes (`Ok`) or `child` exits (`Err`, its exit
-/// status, so that the caller can try again on other ports); panics after 15 s.
+/// Runs `tollgate serve` on `rules` with extra `args`, expecting it to refuse to start:
+/// panics if it exits successfully; returns what it printed (stderr, then stdout).
+pub fn serve_refused(rules: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", rules.to_str().unwrap()])
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "tollgate serve started: {said}");
+    said
+}
+
 /// Starts the `tollgate` binary with `command` then the test's own `args`, its output
 /// discarded.
 fn spawn_tollgate(command: &[&str], args: &[&str]) -> Child {
@@ -198,6 +216,8 @@ fn spawn_tollgate(command: &[&str], args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// Polls `ready` every 50 ms until it says yes (`Ok`) or `child` exits (`Err`, its exit
+/// status, so that the caller can try again on other ports); panics after 15 s.
 async fn wait_until<F, Fut>(child: &mut Child, what: &str, ready: F) -> Result<(), String>
 where
     F: Fn() -> Fut,

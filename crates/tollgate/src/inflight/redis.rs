@@ -40,12 +40,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::{InFlight, Permit};
+use crate::store::redis::{single_connection, RedisTls};
 use crate::store::Error;
 
 /// Takes a permit. `KEYS[1]`: the key's sorted set. `ARGV`: lease id, lease (ms),
@@ -94,6 +95,7 @@ pub struct RedisInFlightBuilder {
     prefix: String,
     lease: Duration,
     deadline: Duration,
+    tls: Option<RedisTls>,
 }
 
 /// In-flight permits in one Redis, shared by every instance using it. See the module
@@ -149,20 +151,19 @@ impl RedisInFlightBuilder {
         self
     }
 
+    /// TLS settings for a `rediss://` URL, as [`RedisStoreBuilder::tls`](crate::store::RedisStoreBuilder::tls).
+    pub fn tls(mut self, tls: RedisTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Connects, lazily: the store is ready at once, and its calls fail (with
     /// [`Error::Backend`] or [`Error::Timeout`]) until Redis is reachable. Fails for a
     /// URL that is not `redis://...` or `rediss://...`, in particular for a Redis
     /// Cluster (`redis+cluster://...`), which this store does not support.
     pub async fn connect(self) -> Result<RedisInFlight, Error> {
         let url = single_redis(&self.url)?;
-        let backend = |e: redis::RedisError| Error::Backend(e.to_string());
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(250)))
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(250))
-            .set_number_of_retries(3);
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
+        let conn = single_connection(url, self.tls.as_ref()).map_err(Error::Backend)?;
         let lease_ms = u64::try_from(self.lease.as_millis())
             .unwrap_or(u64::MAX)
             .clamp(1, MAX_LEASE_MS);
@@ -240,6 +241,7 @@ impl RedisInFlight {
             prefix: "tollgate".into(),
             lease: Duration::from_secs(30),
             deadline: Duration::from_millis(20),
+            tls: None,
         }
     }
 

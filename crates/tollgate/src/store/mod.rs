@@ -19,7 +19,7 @@ pub(crate) use memory::Fingerprint;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
-    script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, ScriptCall, TimeSource,
+    script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, RedisTls, ScriptCall, TimeSource,
 };
 
 use crate::algorithm::Limit;

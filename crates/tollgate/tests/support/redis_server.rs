@@ -1,5 +1,6 @@
-//! Real `redis-server` processes for tests, on free loopback ports: a single Redis,
-//! or a 3-master Redis Cluster made with `redis-cli --cluster create`.
+//! Real `redis-server` processes for tests, on free loopback ports: a single Redis
+//! (optionally also serving TLS, with certificates `openssl` makes), or a 3-master
+//! Redis Cluster made with `redis-cli --cluster create`.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{Read, Write};
@@ -14,6 +15,113 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// The TLS port and how clients are checked on it, when it serves TLS too.
+    tls: Option<(u16, TlsFiles, &'static str)>,
+}
+
+/// A test CA, a server certificate for `localhost` and 127.0.0.1, a client certificate,
+/// and a CA nobody used (for "wrong CA" tests): PEM files made by `openssl`.
+#[derive(Clone)]
+pub struct TlsFiles {
+    pub dir: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes the files in a fresh directory (EC P-256 keys, valid for two days).
+    pub fn generate(name: &str) -> Self {
+        require("openssl");
+        let dir = std::env::temp_dir().join(format!("tollgate-tls-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for ca in ["ca", "other-ca"] {
+            let (keyout, out, subj) = (
+                format!("{ca}.key"),
+                format!("{ca}.pem"),
+                format!("/CN=tollgate test {ca}"),
+            );
+            openssl(
+                &[
+                    &["req", "-x509", "-new"][..],
+                    &key,
+                    &[
+                        "-keyout", &keyout, "-out", &out, "-days", "2", "-subj", &subj,
+                    ],
+                ]
+                .concat(),
+            );
+        }
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for (who, cn) in [("server", "localhost"), ("client", "tollgate test client")] {
+            let (keyout, csr, pem, ext, subj) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.pem"),
+                format!("{who}.ext"),
+                format!("/CN={cn}"),
+            );
+            openssl(
+                &[
+                    &["req", "-new"][..],
+                    &key,
+                    &["-keyout", &keyout, "-out", &csr, "-subj", &subj],
+                ]
+                .concat(),
+            );
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ]);
+        }
+        Self { dir }
+    }
+
+    /// The path of one of the files: `ca.pem`, `other-ca.pem`, `server.pem`,
+    /// `server.key`, `client.pem`, `client.key`.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// The bytes of one of the files.
+    pub fn read(&self, file: &str) -> Vec<u8> {
+        std::fs::read(self.path(file)).unwrap()
+    }
 }
 
 /// A port that is free, and whose cluster bus port (+10000) is free too.
@@ -67,13 +175,26 @@ pub fn command(port: u16, line: &str) -> std::io::Result<String> {
 impl RedisServer {
     /// Starts a plain Redis.
     pub fn start() -> Self {
-        Self::spawn(false, &[])
+        Self::spawn(false, &[], None)
+    }
+
+    /// Starts a Redis that also serves TLS with `files`' server certificate, checking
+    /// clients against `files`' CA: `auth_clients` is Redis's `tls-auth-clients` (`yes`:
+    /// a client must present a certificate; `no`: none is asked for).
+    pub fn start_tls(files: &TlsFiles, auth_clients: &'static str) -> Self {
+        Self::spawn(false, &[], Some((files.clone(), auth_clients)))
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` (panics if this Redis serves no TLS).
+    pub fn tls_url(&self) -> String {
+        let (port, _, _) = self.tls.as_ref().expect("a Redis started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
     }
 
     /// Starts a Redis on a free port other than `avoid`. A port found free can be
     /// taken before Redis binds it (another test's client may get it as its local
     /// port), so a Redis that exits at start is tried again on a new port.
-    fn spawn(cluster: bool, avoid: &[u16]) -> Self {
+    fn spawn(cluster: bool, avoid: &[u16], tls: Option<(TlsFiles, &'static str)>) -> Self {
         require("redis-server");
         let mut failures = Vec::new();
         for _ in 0..5 {
@@ -91,6 +212,7 @@ impl RedisServer {
                 port,
                 dir,
                 cluster,
+                tls: tls.clone().map(|(files, auth)| (free_port(), files, auth)),
             };
             match server.launch() {
                 Ok(()) => return server,
@@ -112,6 +234,16 @@ impl RedisServer {
             .arg(&self.dir)
             .stdout(out)
             .stderr(Stdio::null());
+        if let Some((port, files, auth)) = &self.tls {
+            cmd.args(["--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(files.path("server.pem"))
+                .arg("--tls-key-file")
+                .arg(files.path("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(files.path("ca.pem"))
+                .args(["--tls-auth-clients", auth]);
+        }
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes"])
                 .args([
@@ -220,7 +352,7 @@ impl RedisCluster {
         let mut nodes: Vec<RedisServer> = Vec::new();
         while nodes.len() < 3 {
             let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-            nodes.push(RedisServer::spawn(true, &taken));
+            nodes.push(RedisServer::spawn(true, &taken, None));
         }
         let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();

@@ -62,8 +62,12 @@
 //! [`Decision::from_cache`] set.
 
 mod breaker;
+mod client;
 mod keys;
 mod script;
+
+pub(crate) use client::single as single_connection;
+pub use client::RedisTls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -71,7 +75,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 
 use super::blocked::BlockedCache;
@@ -104,6 +108,7 @@ pub struct RedisStoreBuilder {
     breaker_cooldown: Duration,
     blocked_cache: usize,
     in_flight: usize,
+    tls: Option<RedisTls>,
 }
 
 /// Counters kept by a [`RedisStore`].
@@ -235,6 +240,13 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The CA to trust and the client certificate to present over TLS (`rediss://`);
+    /// without it a TLS URL trusts the system's roots. Needs the `redis-tls` feature.
+    pub fn tls(mut self, tls: RedisTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Connects. A single Redis connects lazily (the store works, failing per the
     /// failure policy, until Redis is reachable); a cluster needs one reachable node to
     /// learn its topology.
@@ -242,20 +254,15 @@ impl RedisStoreBuilder {
         let backend = |e: redis::RedisError| Error::Backend(e.to_string());
         let conn = match parse_url(&self.url)? {
             Target::Single(url) => {
-                let client = redis::Client::open(url).map_err(backend)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_millis(250)))
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(250))
-                    .set_number_of_retries(3);
-                let manager =
-                    ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
+                let manager = client::single(&url, self.tls.as_ref()).map_err(Error::Backend)?;
                 Connection::Single(manager)
             }
             Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                let builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(Duration::from_millis(250))
-                    .retries(1)
+                    .retries(1);
+                let client = client::cluster(builder, &self.url, self.tls.as_ref())
+                    .map_err(Error::Backend)?
                     .build()
                     .map_err(backend)?;
                 let conn = client.get_async_connection().await.map_err(backend)?;
@@ -330,14 +337,22 @@ enum Target {
     Cluster(Vec<String>),
 }
 
-/// `redis://host:port[/db]`, `rediss://...`, or `redis+cluster://h1:p1,h2:p2`.
+/// `redis://host:port[/db]`, `rediss://...`, or `redis+cluster://h1:p1,h2:p2`
+/// (`rediss+cluster://` over TLS).
 fn parse_url(url: &str) -> Result<Target, Error> {
-    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+    let cluster = url
+        .strip_prefix("redis+cluster://")
+        .map(|rest| ("redis", rest))
+        .or_else(|| {
+            url.strip_prefix("rediss+cluster://")
+                .map(|rest| ("rediss", rest))
+        });
+    if let Some((scheme, rest)) = cluster {
         let nodes: Vec<String> = rest
             .split(',')
             .map(str::trim)
             .filter(|n| !n.is_empty())
-            .map(|n| format!("redis://{n}"))
+            .map(|n| format!("{scheme}://{n}"))
             .collect();
         if nodes.is_empty() {
             return Err(Error::Backend(format!("`{url}` names no cluster node")));
@@ -348,13 +363,14 @@ fn parse_url(url: &str) -> Result<Target, Error> {
         return Ok(Target::Single(url.to_string()));
     }
     Err(Error::Backend(format!(
-        "`{url}` is not a Redis URL (redis://host:port or redis+cluster://host:port,host:port)"
+        "`{url}` is not a Redis URL (redis://host:port, rediss://host:port or redis+cluster://host:port,host:port)"
     )))
 }
 
 impl RedisStore {
-    /// Settings for a store at `url`: `redis://host:port[/db]` or
-    /// `redis+cluster://host:port,host:port,...`.
+    /// Settings for a store at `url`: `redis://host:port[/db]`,
+    /// `redis+cluster://host:port,host:port,...`, or either over TLS (`rediss://`,
+    /// `rediss+cluster://`; see [`RedisStoreBuilder::tls`]).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
@@ -366,6 +382,7 @@ impl RedisStore {
             breaker_cooldown: Duration::from_millis(250),
             blocked_cache: 100_000,
             in_flight: IN_FLIGHT,
+            tls: None,
         }
     }
 
