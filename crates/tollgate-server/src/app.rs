@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, RedisTls};
 
 use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
@@ -67,6 +67,8 @@ pub(crate) struct Core {
     pub rules: Arc<Rules>,
     pub limiter: Limiter<AnyStore>,
     pub store_name: &'static str,
+    /// The TLS settings the store was opened with (the gateway's permits use them too).
+    pub redis_tls: Option<RedisTls>,
     /// Keeps the file watcher alive.
     pub _watcher: Option<rules::Watcher>,
 }
@@ -110,7 +112,7 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
         prefix: args.redis_prefix.clone(),
         blocked_cache: args.blocked_cache,
         caller_time: false,
-        tls,
+        tls: tls.clone(),
     };
     let store = match AnyStore::open(&args.store, &options).await {
         Ok(s) => s,
@@ -139,6 +141,7 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
         rules,
         limiter,
         store_name,
+        redis_tls: tls,
         _watcher: watcher,
     })
 }
@@ -152,6 +155,7 @@ async fn run(args: ServeArgs) -> ExitCode {
         limiter,
         store_name,
         _watcher,
+        ..
     } = core;
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,

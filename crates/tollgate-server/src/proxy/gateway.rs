@@ -55,6 +55,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let Core {
         limiter,
         store_name,
+        redis_tls,
         _watcher,
         ..
     } = core;
@@ -76,8 +77,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             .prefix(format!("{}:inflight", args.common.redis_prefix))
             .lease(args.permit_lease)
             .deadline(args.common.redis_deadline);
-        // Read already by `core`, which stops the gateway if the files cannot be read.
-        if let Ok(Some(tls)) = args.common.redis_tls() {
+        if let Some(tls) = redis_tls {
             builder = builder.tls(tls);
         }
         match builder.connect().await {
