@@ -874,6 +874,43 @@ fn over_tls_the_store_decides_and_trusts_only_its_ca() {
     assert!(e.contains("rediss://"), "{e}");
 }
 
+/// `rediss+cluster://` with the CA: each key's limit is exact on whichever master owns it.
+#[cfg(feature = "redis-tls")]
+#[test]
+fn a_cluster_over_tls_decides_exactly() {
+    let files = redis_server::TlsFiles::generate("cluster");
+    let cluster = RedisCluster::start_tls(&files);
+    let rt = two_threads();
+    let store = rt
+        .block_on(
+            RedisStore::builder(cluster.tls_url())
+                .deadline(Duration::from_secs(2))
+                .blocked_cache(0)
+                .tls(tollgate::store::RedisTls {
+                    ca_pem: Some(files.read("ca.pem")),
+                    client_pem: None,
+                })
+                .connect(),
+        )
+        .unwrap();
+    let l = fixed(2, Duration::from_secs(3_600));
+    let keys: Vec<String> = (0..12).map(|i| format!("user-{i}")).collect();
+    for expected in [true, true, false] {
+        for k in &keys {
+            let d = rt
+                .block_on(store.check(0, &[Check::new(&l, k, 1)]))
+                .unwrap();
+            assert_eq!(d[0].allowed, expected, "{k}");
+        }
+    }
+    let per_node: Vec<u64> = cluster.nodes.iter().map(RedisServer::dbsize).collect();
+    assert_eq!(per_node.iter().sum::<u64>(), 12, "{per_node:?}");
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "keys on every master: {per_node:?}"
+    );
+}
+
 #[test]
 fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
     let server = RedisServer::start();

@@ -71,7 +71,7 @@ impl TlsFiles {
         }
         std::fs::write(
             dir.join("server.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
         )
         .unwrap();
         std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
@@ -243,6 +243,10 @@ impl RedisServer {
                 .arg("--tls-ca-cert-file")
                 .arg(files.path("ca.pem"))
                 .args(["--tls-auth-clients", auth]);
+            if self.cluster {
+                // The cluster bus over TLS too; nodes then tell TLS clients their TLS ports.
+                cmd.args(["--tls-cluster", "yes"]);
+            }
         }
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes"])
@@ -348,23 +352,44 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster whose nodes also serve TLS (clients are not asked for certificates)
+    /// and talk to each other over TLS.
+    pub fn start_tls(files: &TlsFiles) -> Self {
+        Self::start_with(Some((files.clone(), "no")))
+    }
+
+    fn start_with(tls: Option<(TlsFiles, &'static str)>) -> Self {
         require("redis-cli");
         let mut nodes: Vec<RedisServer> = Vec::new();
         while nodes.len() < 3 {
             let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-            nodes.push(RedisServer::spawn(true, &taken, None));
+            nodes.push(RedisServer::spawn(true, &taken, tls.clone()));
         }
         let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new("redis-cli")
+        // redis-cli waits for the nodes to join for as long as it takes: 30 s at most.
+        let mut create = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .spawn()
             .unwrap();
+        let started = Instant::now();
+        while create.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = create.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = create.wait_with_output().unwrap();
         assert!(
             out.status.success(),
-            "redis-cli --cluster create failed: {}",
+            "redis-cli --cluster create failed or took over 30 s: {}",
             String::from_utf8_lossy(&out.stdout)
         );
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -392,5 +417,15 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// `rediss+cluster://127.0.0.1:T1,...` with the nodes' TLS ports.
+    pub fn tls_url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| n.tls_url().replace("rediss://", ""))
+            .collect();
+        format!("rediss+cluster://{}", nodes.join(","))
     }
 }
