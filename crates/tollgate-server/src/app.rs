@@ -99,7 +99,7 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
     if let Err(e) = rules::reload_on_sighup(Arc::clone(&rules)) {
         warn!("cannot listen for SIGHUP: {e}");
     }
-    let tls = match args.redis_tls() {
+    let tls = match args.redis_tls.read() {
         Ok(tls) => tls,
         Err(e) => {
             error!("cannot set up TLS to Redis: {e}");

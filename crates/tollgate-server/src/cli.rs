@@ -42,11 +42,14 @@ pub enum Command {
     Conformance {
         /// Directory of case files (searched recursively).
         dir: PathBuf,
-        /// The store to run against: `memory`, `redis://host:port` or
-        /// `redis+cluster://host:port,...` (each case file gets keys of its own, and the
+        /// The store to run against: `memory`, `redis://host:port`,
+        /// `redis+cluster://host:port,...` or either over TLS (each case file gets keys of its own, and the
         /// scripts take the cases' clock instead of Redis TIME).
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
+        /// TLS to a `rediss://` store.
+        #[command(flatten)]
+        tls: RedisTlsArgs,
     },
     /// Run the HTTP gateway: a reverse proxy in front of `--upstream` that limits by the
     /// `http` section of the rule files (routes, actions, trusted proxies, allow and deny
@@ -104,25 +107,9 @@ pub struct CommonArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
     pub redis_prefix: String,
-    /// PEM file of the certificate authorities to trust for a `rediss://` store
-    /// (default: the system's roots).
-    #[arg(long, env = "TOLLGATE_REDIS_CA_CERT")]
-    pub redis_ca_cert: Option<PathBuf>,
-    /// PEM file of the client certificate to present to a Redis with
-    /// `tls-auth-clients yes` (with --redis-client-key).
-    #[arg(
-        long,
-        env = "TOLLGATE_REDIS_CLIENT_CERT",
-        requires = "redis_client_key"
-    )]
-    pub redis_client_cert: Option<PathBuf>,
-    /// PEM file of that client certificate's private key.
-    #[arg(
-        long,
-        env = "TOLLGATE_REDIS_CLIENT_KEY",
-        requires = "redis_client_cert"
-    )]
-    pub redis_client_key: Option<PathBuf>,
+    /// TLS to a `rediss://` store.
+    #[command(flatten)]
+    pub redis_tls: RedisTlsArgs,
     /// Keys over their limit are answered locally until their retry time, up to this
     /// many keys (0 turns the blocked-key cache off).
     #[arg(long, env = "TOLLGATE_BLOCKED_CACHE", default_value_t = 100_000)]
@@ -156,10 +143,34 @@ pub struct CommonArgs {
     pub near_limit_ratio: f64,
 }
 
-impl CommonArgs {
-    /// The TLS settings the `--redis-*-cert` flags give (`None` when none is set), or
-    /// which file could not be read.
-    pub fn redis_tls(&self) -> Result<Option<RedisTls>, String> {
+/// The certificates of a TLS connection to Redis.
+#[derive(Debug, Clone, Args)]
+pub struct RedisTlsArgs {
+    /// PEM file of the certificate authorities to trust for a `rediss://` store
+    /// (default: the system's roots).
+    #[arg(long, env = "TOLLGATE_REDIS_CA_CERT")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// PEM file of the client certificate to present to a Redis with
+    /// `tls-auth-clients yes` (with --redis-client-key).
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_CLIENT_CERT",
+        requires = "redis_client_key"
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM file of that client certificate's private key.
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_CLIENT_KEY",
+        requires = "redis_client_cert"
+    )]
+    pub redis_client_key: Option<PathBuf>,
+}
+
+impl RedisTlsArgs {
+    /// The TLS settings these flags give (`None` when none is set), or which file
+    /// could not be read.
+    pub fn read(&self) -> Result<Option<RedisTls>, String> {
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
         };

@@ -13,6 +13,8 @@ use tollgate::limiter::{
 };
 use tollgate::rules::{from_str, Rules, Unit};
 
+use tollgate::store::RedisTls;
+
 use crate::store::{AnyStore, StoreOptions};
 
 /// The runtime the cases run on (the Redis store is async).
@@ -26,8 +28,9 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Store options for a case file: the case's clock, and keys no other run shares.
-fn options(_store: &str) -> StoreOptions {
+/// Store options for a case file: the case's clock, keys no other run shares, and
+/// `tls` for a `rediss://` store.
+fn options(tls: Option<&RedisTls>) -> StoreOptions {
     static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -39,7 +42,7 @@ fn options(_store: &str) -> StoreOptions {
         prefix: format!("tollgate-conformance:{}:{nanos:x}:{n}", std::process::id()),
         blocked_cache: 0,
         caller_time: true,
-        tls: None,
+        tls: tls.cloned(),
     }
 }
 
@@ -53,7 +56,7 @@ pub struct FileResult {
 }
 
 /// Runs every `*.yaml` case file in `dir` (and its subdirectories), in name order.
-pub fn run_dir(dir: &Path, store: &str) -> Result<Vec<FileResult>, String> {
+pub fn run_dir(dir: &Path, store: &str, tls: Option<&RedisTls>) -> Result<Vec<FileResult>, String> {
     let mut files = Vec::new();
     collect(dir, &mut files).map_err(|e| format!("{}: {e}", dir.display()))?;
     if files.is_empty() {
@@ -64,7 +67,7 @@ pub fn run_dir(dir: &Path, store: &str) -> Result<Vec<FileResult>, String> {
         .into_iter()
         .map(|file| {
             let failures = match std::fs::read_to_string(&file) {
-                Ok(text) => run_case(&text, store),
+                Ok(text) => run_case(&text, store, tls),
                 Err(e) => vec![format!("cannot read: {e}")],
             };
             FileResult { file, failures }
@@ -85,7 +88,7 @@ fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 /// Runs one case file's text; returns its failures.
-pub fn run_case(text: &str, store: &str) -> Vec<String> {
+pub fn run_case(text: &str, store: &str, tls: Option<&RedisTls>) -> Vec<String> {
     let case = match marked_yaml::parse_yaml(0, text) {
         Ok(Node::Mapping(m)) => m,
         Ok(_) => return vec!["the case file is not a mapping".into()],
@@ -106,7 +109,7 @@ pub fn run_case(text: &str, store: &str) -> Vec<String> {
         .and_then(|s| s.as_str().parse::<u64>().ok())
         .unwrap_or(0);
     let clock = ManualClock::new(start * NANOS_PER_SEC);
-    let store = match runtime().block_on(AnyStore::open(store, &options(store))) {
+    let store = match runtime().block_on(AnyStore::open(store, &options(tls))) {
         Ok(s) => s,
         Err(e) => return vec![format!("cannot open the store: {e}")],
     };
@@ -351,13 +354,14 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
     out
 }
 
-/// Runs `dir` against `store` and prints the report; returns whether every file passed.
-pub fn report(dir: &Path, store: &str) -> bool {
-    if let Err(e) = runtime().block_on(AnyStore::open(store, &options(store))) {
+/// Runs `dir` against `store` (with `tls` for `rediss://`) and prints the report;
+/// returns whether every file passed.
+pub fn report(dir: &Path, store: &str, tls: Option<&RedisTls>) -> bool {
+    if let Err(e) = runtime().block_on(AnyStore::open(store, &options(tls))) {
         eprintln!("cannot open the store `{store}`: {e}");
         return false;
     }
-    let results = match run_dir(dir, store) {
+    let results = match run_dir(dir, store, tls) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{e}");

@@ -36,7 +36,13 @@ fn main() -> ExitCode {
             paths,
             merge_domains,
         }) => exit(validate::run(&paths, LoadOptions { merge_domains })),
-        Some(Command::Conformance { dir, store }) => exit(conformance::report(&dir, &store)),
+        Some(Command::Conformance { dir, store, tls }) => match tls.read() {
+            Ok(tls) => exit(conformance::report(&dir, &store, tls.as_ref())),
+            Err(e) => {
+                eprintln!("cannot set up TLS to Redis: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::RedisScript { algorithms }) => {
             let names: Vec<&str> = algorithms.iter().map(String::as_str).collect();
             match tollgate::store::script_source(&names) {

@@ -33,7 +33,7 @@ fn shared_cases() -> PathBuf {
     dir
 }
 
-fn conformance(store: &str) -> String {
+fn conformance(store: &str, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "conformance",
@@ -41,6 +41,7 @@ fn conformance(store: &str) -> String {
             "--store",
             store,
         ])
+        .args(args)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -52,10 +53,36 @@ fn conformance(store: &str) -> String {
     stdout
 }
 
+/// `--redis-ca-cert`, `--redis-client-cert` and `--redis-client-key` with `files`' CA and
+/// client certificate.
+fn tls_flags(files: &TlsFiles) -> Vec<String> {
+    let mut flags = Vec::new();
+    for (flag, file) in [
+        ("--redis-ca-cert", "ca.pem"),
+        ("--redis-client-cert", "client.pem"),
+        ("--redis-client-key", "client.key"),
+    ] {
+        flags.push(flag.to_string());
+        flags.push(files.path(file).to_string_lossy().into_owned());
+    }
+    flags
+}
+
+#[test]
+fn every_shared_case_passes_on_a_redis_that_requires_tls() {
+    let files = TlsFiles::generate("conformance");
+    let redis = RedisServer::start_tls(&files, "yes");
+    let flags = tls_flags(&files);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = conformance(&redis.tls_url(), &args);
+    assert!(out.ends_with(" passed, 0 failed\n"), "{out}");
+    assert!(redis.calls("evalsha") > 0, "decided in Redis");
+}
+
 #[test]
 fn every_shared_case_passes_on_redis_and_on_a_redis_cluster() {
     let redis = RedisServer::start();
-    let single = conformance(&redis.url());
+    let single = conformance(&redis.url(), &[]);
     assert!(single.ends_with(" passed, 0 failed\n"), "{single}");
     assert!(
         redis.calls("evalsha") > 100,
@@ -63,7 +90,7 @@ fn every_shared_case_passes_on_redis_and_on_a_redis_cluster() {
     );
 
     let cluster = RedisCluster::start();
-    let spread = conformance(&cluster.url());
+    let spread = conformance(&cluster.url(), &[]);
     assert_eq!(single.lines().last(), spread.lines().last(), "{spread}");
     for node in &cluster.nodes {
         assert!(
@@ -532,20 +559,10 @@ async fn serve_decides_on_a_redis_that_requires_tls() {
         "domain: tls\nfailure_mode: fail_open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
     )
     .unwrap();
-    let (url, ca) = (redis.tls_url(), files.path("ca.pem"));
-    let (cert, key) = (files.path("client.pem"), files.path("client.key"));
-    let args = [
-        "--store",
-        url.as_str(),
-        "--redis-ca-cert",
-        ca.to_str().unwrap(),
-        "--redis-client-cert",
-        cert.to_str().unwrap(),
-        "--redis-client-key",
-        key.to_str().unwrap(),
-        "--redis-deadline",
-        "2s",
-    ];
+    let url = redis.tls_url();
+    let flags = tls_flags(&files);
+    let mut args = vec!["--store", url.as_str(), "--redis-deadline", "2s"];
+    args.extend(flags.iter().map(String::as_str));
     let server = Server::start(&dir, &args).await;
     let client = reqwest::Client::new();
     let mut statuses = Vec::new();
