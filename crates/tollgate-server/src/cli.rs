@@ -101,7 +101,8 @@ pub struct CommonArgs {
     pub store: String,
     /// Deadline of each Redis call; past it, each rule's `failure_mode` answers. A gRPC
     /// call's `grpc-timeout` (Envoy sends its rate limit timeout) shortens it to four
-    /// fifths of that timeout, so that the rule answers before the caller gives up.
+    /// fifths of that timeout, so that the rule answers before the caller gives up (not
+    /// below half the deadline: an impatient caller still gets Redis's decision).
     #[arg(long, env = "TOLLGATE_REDIS_DEADLINE", default_value = "20ms", value_parser = parse_duration)]
     pub redis_deadline: Duration,
     /// Prefix of every Redis key.

@@ -35,6 +35,12 @@ impl AnyStore {
     /// Opens `spec`: `memory`, `redis://host:port`, or `redis+cluster://h1:p1,h2:p2`.
     pub async fn open(spec: &str, options: &StoreOptions) -> Result<Self, String> {
         if spec == "memory" {
+            if options.tls.is_some() {
+                return Err(
+                    "Redis TLS certificates are set, but the store is memory (use --store rediss://...)"
+                        .into(),
+                );
+            }
             return Ok(Self::Memory(
                 MemoryStore::builder().max_keys(options.max_keys).build(),
             ));

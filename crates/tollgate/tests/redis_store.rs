@@ -918,13 +918,17 @@ fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
     let store = rt
         .block_on(
             RedisStore::builder(server.url())
-                .deadline(Duration::from_secs(5))
+                .deadline(Duration::from_millis(400))
                 .blocked_cache(0)
                 .connect(),
         )
         .unwrap();
     let l = fixed(1_000, Duration::from_secs(3_600));
-    let budget = Duration::from_millis(100);
+    // Connected and the script loaded (which a busy machine may not do in the budget).
+    rt.block_on(store.check(0, &[Check::new(&l, "k", 0)]))
+        .unwrap();
+    // (Under redis-rs's own 500 ms response timeout, and at least half the deadline.)
+    let budget = Duration::from_millis(250);
     // Up: the budget changes nothing.
     let d = rt
         .block_on(store.check_within(0, &[Check::new(&l, "k", 1)], budget))
@@ -939,10 +943,7 @@ fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
         matches!(answer, Err(tollgate::store::Error::Timeout(t)) if t == budget),
         "{answer:?}"
     );
-    assert!(
-        took < Duration::from_secs(2),
-        "waited {took:?}, not the budget"
-    );
+    assert!(took < Duration::from_secs(2), "waited {took:?}");
     assert_eq!(
         store.stats().timeouts,
         1,
@@ -967,57 +968,29 @@ fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
     );
 }
 
+/// A caller cannot buy its rules' failure mode by being impatient: a budget under half
+/// the deadline (`grpc-timeout: 0m`) is not honoured, so a healthy Redis still decides.
 #[test]
-fn only_a_budget_near_the_deadline_feeds_the_circuit_breaker() {
+fn a_tiny_budget_still_gets_redis_decision() {
     let server = RedisServer::start();
     let rt = two_threads();
     let store = rt
         .block_on(
             RedisStore::builder(server.url())
-                .deadline(Duration::from_millis(200))
-                .circuit_breaker(5, Duration::from_secs(60))
+                .deadline(Duration::from_secs(5))
                 .blocked_cache(0)
                 .connect(),
         )
         .unwrap();
-    let l = fixed(1_000, Duration::from_secs(3_600));
-    let miss = |budget| {
-        let answer = rt.block_on(store.check_within(0, &[Check::new(&l, "k", 1)], budget));
-        assert!(
-            matches!(answer, Err(tollgate::store::Error::Timeout(_))),
-            "{answer:?}"
-        );
-    };
-    rt.block_on(store.check(0, &[Check::new(&l, "k", 0)]))
-        .unwrap();
-    server.pause(true);
-    // A caller with a tiny budget (under half the deadline): its misses are counted,
-    // but the circuit stays closed for the other callers.
-    for _ in 0..8 {
-        miss(Duration::from_millis(20));
-    }
-    assert_eq!(store.stats().timeouts, 8);
-    assert_eq!(
-        store.stats().circuit_opened,
-        0,
-        "a tiny budget opened the circuit"
-    );
-    // Budgets near the deadline are Redis's misses: five in a row open it (one of the
-    // five may be the stuck script call's own failure, after redis-rs's 500 ms).
-    for _ in 0..5 {
-        let answer = rt.block_on(store.check_within(
-            0,
-            &[Check::new(&l, "k", 1)],
-            Duration::from_millis(150),
-        ));
-        match answer {
-            Err(tollgate::store::Error::Timeout(_)) => {}
-            Err(tollgate::store::Error::CircuitOpen) => break,
-            other => panic!("{other:?}"),
-        }
-    }
-    server.pause(false);
-    assert_eq!(store.stats().circuit_opened, 1);
+    let l = fixed(2, Duration::from_secs(3_600));
+    let allowed: Vec<bool> = (0..3)
+        .map(|_| {
+            let d = rt.block_on(store.check_within(0, &[Check::new(&l, "k", 1)], Duration::ZERO));
+            d.unwrap()[0].allowed
+        })
+        .collect();
+    assert_eq!(allowed, [true, true, false]);
+    assert_eq!(store.stats().timeouts, 0);
 }
 
 #[test]

@@ -100,9 +100,10 @@ pub trait Store: Send + Sync {
 
     /// As [`Store::check`], for a caller that waits at most `budget` for the answer: a
     /// store that may wait (Redis) answers [`Error::Timeout`] once the budget or its own
-    /// deadline has passed, whichever comes first, and counts it as a missed deadline (a
-    /// budget under half its deadline does not count towards opening its circuit
-    /// breaker). A store that never waits (in memory, the default here) ignores it.
+    /// deadline has passed, whichever comes first, and counts it as a missed deadline; a
+    /// budget under half its deadline is not honoured (an impatient caller must not get
+    /// the failure mode's answer instead of a decision). A store that never waits (in
+    /// memory, the default here) ignores it.
     fn check_within<'a>(
         &'a self,
         now: Nanos,

@@ -463,14 +463,9 @@ impl RedisStore {
                     )));
                 }
                 Err(e) => {
-                    if let Error::Timeout(waited) = e {
-                        // The call may still be running: count the miss here. A
-                        // caller's budget far shorter than the deadline says more about
-                        // the caller than about Redis: it does not feed the breaker, so
-                        // that one impatient client cannot turn Redis off for everyone.
-                        if waited * 2 >= self.deadline {
-                            self.shared.breaker.failure();
-                        }
+                    if matches!(e, Error::Timeout(_)) {
+                        // The call may still be running: count the miss here.
+                        self.shared.breaker.failure();
                         self.timeouts.fetch_add(1, Ordering::Relaxed);
                     }
                     return Err(e);
@@ -766,7 +761,21 @@ impl Store for RedisStore {
         checks: &[Check<'_>],
         budget: Duration,
     ) -> Result<Vec<Decision>, Error> {
-        self.check_by(now, checks, budget.min(self.deadline)).await
+        self.check_by(now, checks, deadline_within(self.deadline, budget))
+            .await
+    }
+}
+
+/// The deadline for a caller that waits at most `budget`: the budget when it is at
+/// least half the store's `deadline` (and shorter), else the deadline itself. A budget
+/// far shorter than the deadline says more about the caller than about Redis, and
+/// honouring it would let any caller buy its rules' failure mode (`fail_open`: admitted,
+/// uncounted) by being impatient (`grpc-timeout: 0m`), or open the circuit for everyone.
+fn deadline_within(deadline: Duration, budget: Duration) -> Duration {
+    if budget * 2 >= deadline {
+        budget.min(deadline)
+    } else {
+        deadline
     }
 }
 
@@ -858,6 +867,24 @@ impl ConnectionLike for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_callers_budget_near_the_deadline_shortens_it() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            deadline_within(ms(20), ms(16)),
+            ms(16),
+            "Envoy's 20 ms, 4/5 of it"
+        );
+        assert_eq!(deadline_within(ms(20), ms(10)), ms(10));
+        assert_eq!(
+            deadline_within(ms(20), ms(9)),
+            ms(20),
+            "under half: not honoured"
+        );
+        assert_eq!(deadline_within(ms(20), Duration::ZERO), ms(20));
+        assert_eq!(deadline_within(ms(20), ms(5_000)), ms(20), "never longer");
+    }
 
     #[test]
     fn urls_name_a_single_redis_or_a_cluster() {
