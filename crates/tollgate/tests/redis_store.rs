@@ -1156,7 +1156,9 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
     // Buckets, not windows: no boundary for the two runs to straddle.
     let lone = Limit::new(Algorithm::TokenBucket(TokenBucket::new(5, hour))).unwrap();
     let login = gcra(2, hour).with_lockout(hour);
-    let requests: Vec<Vec<Check<'_>>> = vec![
+    // A tail of lone requests: a batch of 121 requests, as a busy batcher sends.
+    let tail: Vec<String> = (0..110).map(|i| format!("t{i}")).collect();
+    let mut requests: Vec<Vec<Check<'_>>> = vec![
         vec![Check::new(&lone, "a", 1)],
         vec![Check::new(&lone, "a", 1)],
         vec![Check::new(&login, "x", 1)],
@@ -1169,6 +1171,7 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
         vec![Check::new(&login, "x", 1)], // locked out
         vec![Check::new(&lone, "a", 1)],  // the 6th on "a": over
     ];
+    requests.extend(tail.iter().map(|k| vec![Check::new(&lone, k, 1)]));
     // One script holding both algorithms, as the batcher picks for a mixed batch.
     let source = ScriptCall::new(
         "p",
@@ -1223,5 +1226,15 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
     assert_eq!(allowed_remaining(&batched), allowed_remaining(&one_by_one));
     // Per check; the request of two checks is the 6th and 7th.
     let allowed: Vec<i64> = batched.chunks(5).map(|d| d[0]).collect();
-    assert_eq!(allowed, [1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0], "{batched:?}");
+    assert_eq!(
+        allowed[..12],
+        [1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0],
+        "{batched:?}"
+    );
+    assert_eq!(allowed[12..], [1; 110]);
+    let remaining: Vec<i64> = batched.chunks(5).skip(12).map(|d| d[1]).collect();
+    assert_eq!(
+        remaining, [4; 110],
+        "each tail key charged once, answered in order"
+    );
 }
