@@ -200,6 +200,130 @@ fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
         .unwrap();
 }
 
+/// Runs a [`ScriptCall`] as the store would (`EVALSHA`, loading the script when Redis
+/// does not have it) and reads its answers.
+fn run_call(
+    rt: &tokio::runtime::Runtime,
+    conn: &mut redis::aio::MultiplexedConnection,
+    call: &ScriptCall,
+) -> Vec<i64> {
+    let script = redis::Script::new(&call.source);
+    let mut invocation = script.prepare_invoke();
+    for a in &call.args {
+        invocation.arg(a.as_slice());
+    }
+    for k in &call.keys {
+        invocation.key(k);
+    }
+    let reply: Vec<u8> = rt.block_on(invocation.invoke_async(conn)).unwrap();
+    ScriptCall::answers(&reply).unwrap()
+}
+
+/// The requests of a trace in script calls of several, as the batcher sends them
+/// ([`ScriptCall::batch`]: every state read up front with one `MGET`; a request that
+/// shares a key with an earlier one in the call reads it again; one request's fast
+/// path failing stops nothing): the same decisions as the in-memory store deciding the
+/// requests one after another. Mostly lone checks (the fast paths) on four keys, so
+/// that calls hold both fresh keys and repeated ones.
+#[test]
+fn batched_calls_decide_exactly_what_the_in_memory_store_decides() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 120,
+        ..Config::default()
+    });
+    let exact = limit().prop_filter("computed at 1 ns", |l| RedisStore::tick_for(l) == Some(1));
+    let strategy = prop::collection::vec(exact, 1..4).prop_flat_map(|limits| {
+        let n = limits.len();
+        let per_request = (0usize..2, prop::bool::weighted(0.7));
+        (
+            Just(limits),
+            trace(n),
+            prop::collection::vec(per_request, 40),
+            prop::collection::vec(1usize..9, 40),
+        )
+    });
+    let keys = ["alice", "b{o}b:_ é", "carol", "dave"];
+    runner
+        .run(&strategy, |(limits, reqs, per_request, sizes)| {
+            let memory = MemoryStore::builder().monotonic(false).build();
+            let mut conn = conn.clone();
+            let prefix = format!("b{}", PREFIX.fetch_add(1, Ordering::Relaxed));
+            // Each request's time and checks, as `differential` steps them.
+            let mut now = T0;
+            let mut requests: Vec<(u64, Vec<Check<'_>>)> = Vec::new();
+            for (r, &(high, lone)) in reqs.iter().zip(&per_request) {
+                now = if r.advance == TO_NEXT_HOUR {
+                    (now / (3_600 * S) + 1) * 3_600 * S
+                } else {
+                    now.saturating_add_signed(r.advance)
+                };
+                let n = if lone { 1 } else { r.checks.len() };
+                let checks = r.checks[..n]
+                    .iter()
+                    .map(|&(l, k, cost, shadow)| Check {
+                        limit: &limits[l],
+                        key: keys[k + 2 * high].as_bytes(),
+                        cost,
+                        shadow,
+                    })
+                    .collect();
+                requests.push((now, checks));
+            }
+            let mut rest = requests.as_slice();
+            for &size in sizes.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (batch, later) = rest.split_at(size.min(rest.len()));
+                rest = later;
+                let call = ScriptCall::batch(
+                    &prefix,
+                    Duration::from_secs(3_600),
+                    batch
+                        .iter()
+                        .map(|(now, checks)| (Some(*now), checks.as_slice())),
+                )
+                .unwrap();
+                let mut answers = run_call(&rt, &mut conn, &call).into_iter();
+                for (now, checks) in batch {
+                    let expected = memory.check_all(*now, checks);
+                    // At 1 ns ticks the answers are the decision's own numbers.
+                    let got: Vec<Decision> = checks
+                        .iter()
+                        .map(|c| {
+                            let v: Vec<i64> = answers.by_ref().take(5).collect();
+                            let ns = |t: i64| u64::try_from(t).unwrap();
+                            let mut d = if v[0] == 1 {
+                                Decision::allow(c.limit.limit(), ns(v[1]), ns(v[2]))
+                            } else {
+                                let retry = if v[3] < 0 { u64::MAX } else { ns(v[3]) };
+                                Decision::reject(c.limit.limit(), ns(v[1]), ns(v[2]), retry)
+                            };
+                            d.delay = ns(v[4]);
+                            d
+                        })
+                        .collect();
+                    prop_assert_eq!(
+                        &got,
+                        &expected,
+                        "at T0+{}ns, batch of {}, checks {:?}",
+                        *now as i128 - T0 as i128,
+                        batch.len(),
+                        checks
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// A request of one check without lockout takes the script's fast path for its
 /// algorithm (`ALONE` in `lua/fixed_window.lua`, `sliding_window.lua`,
 /// `token_bucket.lua`, `gcra.lua`, `leaky_bucket.lua`: no undo log, few or no tables):
@@ -1095,6 +1219,55 @@ fn a_request_the_script_fails_on_fails_alone_and_does_not_trip_the_breaker() {
     );
 }
 
+/// In a call of several requests every state is read up front with `MGET`, which
+/// answers a key holding another type as if it were missing: the fast paths must still
+/// not overwrite it. For every algorithm with a fast path, someone else's list where a
+/// lone check's state should be fails that request alone (-2, as a lone call's `GET`
+/// makes it fail), the list stays, and the requests around it are decided.
+#[test]
+fn in_a_batch_a_key_of_another_type_fails_its_request_alone_and_is_kept() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let hour = Duration::from_secs(3_600);
+    let limits = [
+        fixed(10, hour),
+        Limit::new(Algorithm::SlidingWindow(SlidingWindow::new(10, hour))).unwrap(),
+        Limit::new(Algorithm::TokenBucket(TokenBucket::new(10, hour))).unwrap(),
+        gcra(10, hour),
+        Limit::new(Algorithm::LeakyBucket(LeakyBucket::new(
+            10,
+            hour,
+            LeakyMode::Queue,
+        )))
+        .unwrap(),
+    ];
+    for (i, l) in limits.iter().enumerate() {
+        let prefix = format!("w{i}");
+        let bad = ScriptCall::new(&prefix, &[Check::new(l, "bad", 1)]).unwrap();
+        command(server.port, &format!("RPUSH {} x", bad.keys[0])).unwrap();
+        let requests = [
+            vec![Check::new(l, "a", 1)],
+            vec![Check::new(l, "bad", 1)],
+            vec![Check::new(l, "b", 1)],
+        ];
+        let call = ScriptCall::batch(
+            &prefix,
+            Duration::from_millis(1),
+            requests.iter().map(|r| (None, r.as_slice())),
+        )
+        .unwrap();
+        let answers = run_call(&rt, &mut conn, &call);
+        let allowed: Vec<i64> = answers.chunks(5).map(|d| d[0]).collect();
+        assert_eq!(allowed, [1, -2, 1], "{:?}", l.algorithm());
+        let kind = command(server.port, &format!("TYPE {}", bad.keys[0])).unwrap();
+        assert_eq!(kind.trim(), "+list", "{:?}", l.algorithm());
+    }
+}
+
 #[test]
 fn a_cached_rejection_still_starts_the_lockouts_and_survives_a_redis_failure() {
     minute::away_from_a_minute_boundary(10); // per-minute windows by Redis TIME
@@ -1143,11 +1316,13 @@ fn a_cached_rejection_still_starts_the_lockouts_and_survives_a_redis_failure() {
     assert!(got[1].allowed && got[1].remaining == 10);
 }
 
-/// A script call built by hand from [`ScriptCall`]s, as the batcher builds one (each
-/// distinct packed request once, an index naming each request's), decides what the
-/// same requests decide one call each: lone checks sharing their bytes, a lockout that
-/// starts partway, a request of two checks, and a lone check rejected at its limit.
-/// The answers are read with [`ScriptCall::answers`], as tollgate-load reads them.
+/// A script call built with [`ScriptCall::batch`], as the batcher builds one (each
+/// distinct packed request once, an index naming each request's and marking those
+/// whose keys came earlier, every state read up front with one `MGET`), decides what
+/// the same requests decide one call each: lone checks sharing their bytes and their
+/// key, a lockout that starts partway, a request of two checks, and a lone check
+/// rejected at its limit. The answers are read with [`ScriptCall::answers`], as
+/// tollgate-load reads them.
 #[test]
 fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
     let server = RedisServer::start();
@@ -1172,48 +1347,18 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
         vec![Check::new(&lone, "a", 1)],  // the 6th on "a": over
     ];
     requests.extend(tail.iter().map(|k| vec![Check::new(&lone, k, 1)]));
-    // One script holding both algorithms, as the batcher picks for a mixed batch.
-    let source = ScriptCall::new(
-        "p",
-        &[Check::new(&lone, "s", 1), Check::new(&login, "s", 1)],
-    )
-    .unwrap()
-    .source;
-    let script = redis::Script::new(&source);
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = rt
         .block_on(client.get_multiplexed_async_connection())
         .unwrap();
     let mut call = |prefix: &str, batch: &[Vec<Check<'_>>]| -> Vec<i64> {
-        let calls: Vec<ScriptCall> = batch
-            .iter()
-            .map(|checks| ScriptCall::new(prefix, checks).unwrap())
-            .collect();
-        let mut distinct: Vec<&[u8]> = Vec::new();
-        let mut index = Vec::new();
-        for c in &calls {
-            let packed = c.args[3].as_slice();
-            let i = distinct
-                .iter()
-                .position(|d| *d == packed)
-                .unwrap_or_else(|| {
-                    distinct.push(packed);
-                    distinct.len() - 1
-                });
-            index.extend_from_slice(&u16::try_from(i).unwrap().to_le_bytes());
-        }
-        let mut invocation = script.prepare_invoke();
-        invocation.arg(1).arg(batch.len()).arg(index);
-        for d in distinct {
-            invocation.arg(d);
-        }
-        for c in &calls {
-            for k in &c.keys {
-                invocation.key(k);
-            }
-        }
-        let reply: Vec<u8> = rt.block_on(invocation.invoke_async(&mut conn)).unwrap();
-        ScriptCall::answers(&reply).unwrap()
+        let call = ScriptCall::batch(
+            prefix,
+            Duration::from_millis(1),
+            batch.iter().map(|r| (None, r.as_slice())),
+        )
+        .unwrap();
+        run_call(&rt, &mut conn, &call)
     };
     let batched = call("p", &requests);
     let one_by_one: Vec<i64> = requests

@@ -564,37 +564,69 @@ fn request(
     }
 }
 
-/// The exact script call a [`RedisStore`] makes for a request alone in its batch: the
-/// script's source, its `KEYS` and its `ARGV`. For load tools that measure Redis's
-/// ceiling on the very same call, and for debugging.
+/// The exact script call a [`RedisStore`] makes for a request alone in its batch, or
+/// for a batch of requests: the script's source, its `KEYS` and its `ARGV`. For load
+/// tools that measure Redis's ceiling on the very same call, for tests, and for
+/// debugging.
 #[derive(Debug, Clone)]
 pub struct ScriptCall {
     /// The Lua source (its SHA1 is what `EVALSHA` names).
     pub source: String,
     /// `KEYS`.
     pub keys: Vec<String>,
-    /// `ARGV`: TTL slack in ms, the number of requests (1), which argument each request
-    /// is (two bytes, 0: the first), the packed request.
+    /// `ARGV`: TTL slack in ms, the number of requests, which argument each request is
+    /// (two bytes, 0: the first; the top bit set when a key of the request is also a
+    /// key of an earlier one), then each distinct packed request once.
     pub args: Vec<Vec<u8>>,
 }
 
 impl ScriptCall {
     /// The call for `checks` under `prefix`, with Redis `TIME` and a 1 ms TTL slack.
     pub fn new(prefix: &str, checks: &[Check<'_>]) -> Result<Self, Error> {
-        let mut encoded = Vec::with_capacity(checks.len());
-        for c in checks {
-            encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+        Self::batch(prefix, Duration::from_millis(1), [(None, checks)])
+    }
+
+    /// One call deciding `requests` in order, as the batcher of a [`RedisStore`] with
+    /// this `prefix` and TTL `slack` makes it: each request with its time (`None`:
+    /// Redis `TIME`) and its checks.
+    pub fn batch<'a, 'c: 'a>(
+        prefix: &str,
+        slack: Duration,
+        requests: impl IntoIterator<Item = (Option<Nanos>, &'a [Check<'c>])>,
+    ) -> Result<Self, Error> {
+        let mut encoded_requests = Vec::new();
+        for (now, checks) in requests {
+            let mut encoded = Vec::with_capacity(checks.len());
+            for c in checks {
+                encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+            }
+            let names: Vec<KeyNames> = checks
+                .iter()
+                .map(|c| KeyNames::new(prefix, c.limit.id(), c.key))
+                .collect();
+            let all: Vec<usize> = (0..checks.len()).collect();
+            let time = if now.is_some() {
+                TimeSource::Caller
+            } else {
+                TimeSource::Redis
+            };
+            let now = now.unwrap_or(0);
+            encoded_requests.push(request(time, now, checks, &encoded, &names, &all, false));
         }
-        let names: Vec<KeyNames> = checks
-            .iter()
-            .map(|c| KeyNames::new(prefix, c.limit.id(), c.key))
-            .collect();
-        let all: Vec<usize> = (0..checks.len()).collect();
-        let r = request(TimeSource::Redis, 0, checks, &encoded, &names, &all, false);
+        let refs: Vec<&Request> = encoded_requests.iter().collect();
+        let mask = refs.iter().fold(0, |m, r| m | r.mask);
+        let (index, distinct) = call_args(&refs);
+        let slack_ms = u64::try_from(slack.as_millis()).unwrap_or(MAX_SLACK_MS);
+        let mut args = vec![
+            slack_ms.min(MAX_SLACK_MS).to_string().into_bytes(),
+            refs.len().to_string().into_bytes(),
+            index,
+        ];
+        args.extend(distinct.into_iter().map(<[u8]>::to_vec));
         Ok(Self {
-            source: script::source(r.mask),
-            keys: r.keys,
-            args: vec![b"1".to_vec(), b"1".to_vec(), vec![0, 0], r.args],
+            source: script::source(mask),
+            keys: refs.iter().flat_map(|r| r.keys.iter().cloned()).collect(),
+            args,
         })
     }
 
@@ -604,6 +636,15 @@ impl ScriptCall {
     pub fn answers(reply: &[u8]) -> Option<Vec<i64>> {
         script::answers(reply)
     }
+}
+
+/// A call's index and distinct packed requests (`ARGV[3]` and on): see `script::dedup`.
+fn call_args<'a>(requests: &[&'a Request]) -> (Vec<u8>, Vec<&'a [u8]>) {
+    script::dedup(
+        requests
+            .iter()
+            .map(|r| (r.args.as_slice(), r.keys.as_slice())),
+    )
 }
 
 /// The oldest Redis the scripts run on: `SET … KEEPTTL` came in 6.0.
@@ -712,7 +753,7 @@ async fn invoke(shared: &Shared, requests: &[Request]) -> Result<Vec<i64>, Error
 async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, Error> {
     let mask = requests.iter().fold(0, |m, r| m | r.mask);
     let mut invocation = shared.scripts.get(mask).prepare_invoke();
-    let (index, distinct) = script::dedup(requests.iter().map(|r| r.args.as_slice()));
+    let (index, distinct) = call_args(requests);
     invocation
         .arg(shared.slack_ms)
         .arg(requests.len())

@@ -9,7 +9,7 @@
 //! and called with `EVALSHA`; redis-rs loads a script again when Redis answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use redis::Script;
@@ -188,29 +188,48 @@ pub(crate) fn pack(out: &mut Vec<u8>, numbers: &[u64]) {
 }
 
 /// The most distinct packed arguments one script call can name: the index has two
-/// bytes per request.
-pub(crate) const MAX_ARGUMENTS: usize = 1 << 16;
+/// bytes per request, whose top bit is [`REREAD`].
+pub(crate) const MAX_ARGUMENTS: usize = 1 << 15;
+
+/// The top bit of a request's index entry: a key of the request is also a key of an
+/// earlier request in the call, so the script reads its state again (`GET`) instead of
+/// taking the value it read for every key before the first request (`MGET`), which an
+/// earlier request may have changed since.
+pub(crate) const REREAD: u16 = 1 << 15;
 
 /// The packed arguments of a batch's requests, each distinct one once, and the index
 /// string that names each request's (two little-endian bytes per request, counting
-/// from the first distinct argument). Under Redis `TIME` the requests of one limit and
-/// cost are the same bytes: Redis then makes one argument where it made one per
-/// request, and the script unpacks it once. A batch holds at most `MAX_BATCH`
-/// requests, far fewer than [`MAX_ARGUMENTS`].
-pub(crate) fn dedup<'a>(args: impl Iterator<Item = &'a [u8]>) -> (Vec<u8>, Vec<&'a [u8]>) {
+/// from the first distinct argument, plus [`REREAD`] when one of its keys came in an
+/// earlier request). Under Redis `TIME` the requests of one limit and cost are the
+/// same bytes: Redis then makes one argument where it made one per request, and the
+/// script unpacks it once. A batch holds at most `MAX_BATCH` requests, far fewer than
+/// [`MAX_ARGUMENTS`].
+pub(crate) fn dedup<'a>(
+    requests: impl Iterator<Item = (&'a [u8], &'a [String])>,
+) -> (Vec<u8>, Vec<&'a [u8]>) {
     let mut seen: HashMap<&[u8], u16, ahash::RandomState> = HashMap::default();
+    let mut keys: HashSet<&str, ahash::RandomState> = HashSet::default();
     let mut distinct = Vec::new();
     let mut index = Vec::new();
-    for a in args {
+    for (a, request_keys) in requests {
         debug_assert!(
             distinct.len() < MAX_ARGUMENTS,
             "more arguments than the index names"
         );
-        let next = u16::try_from(distinct.len()).unwrap_or(u16::MAX);
-        let i = *seen.entry(a).or_insert_with(|| {
+        let next = u16::try_from(distinct.len()).unwrap_or(REREAD - 1);
+        let mut i = *seen.entry(a).or_insert_with(|| {
             distinct.push(a);
             next
         });
+        // Every key inserted (not stopping at the first seen): a later request must
+        // find each one.
+        let mut again = false;
+        for k in request_keys {
+            again |= !keys.insert(k.as_str());
+        }
+        if again {
+            i |= REREAD;
+        }
         index.extend_from_slice(&i.to_le_bytes());
     }
     (index, distinct)
@@ -256,12 +275,24 @@ mod tests {
     #[test]
     fn each_distinct_argument_is_sent_once() {
         let (a, b, c): (&[u8], &[u8], &[u8]) = (b"aaaa", b"bb", b"aaaa");
-        let (index, distinct) = dedup([a, b, c, b].into_iter());
+        let k = |names: &[&str]| -> Vec<String> { names.iter().map(|n| n.to_string()).collect() };
+        let (kx, ky, kz, kxz) = (k(&["x"]), k(&["y"]), k(&["z"]), k(&["q", "x"]));
+        let (index, distinct) = dedup(
+            [(a, &kx), (b, &ky), (c, &kz), (b, &kxz)]
+                .into_iter()
+                .map(|(a, k)| (a, k.as_slice())),
+        );
         assert_eq!(distinct, vec![a, b]);
-        assert_eq!(index, vec![0, 0, 1, 0, 0, 0, 1, 0]);
+        // The 4th request shares key x with the 1st: it reads its state again.
+        assert_eq!(index, vec![0, 0, 1, 0, 0, 0, 1, 0x80]);
         // Past 255 distinct arguments, the second byte counts too.
         let many: Vec<Vec<u8>> = (0u32..300).map(|i| i.to_le_bytes().to_vec()).collect();
-        let (index, distinct) = dedup(many.iter().map(Vec::as_slice));
+        let names: Vec<Vec<String>> = (0..300).map(|i| vec![format!("k{i}")]).collect();
+        let (index, distinct) = dedup(
+            many.iter()
+                .zip(&names)
+                .map(|(a, k)| (a.as_slice(), k.as_slice())),
+        );
         assert_eq!(distinct.len(), 300);
         assert_eq!(&index[2 * 299..], &299u16.to_le_bytes());
     }

@@ -24,9 +24,10 @@ end
 -- ALG[1] for a lone check (no lockout, not already rejected), with its state read and
 -- written here: the decision's five numbers, as ALG[1] and the driver would give them.
 -- Most requests are this, and the driver's tables and calls cost more than the two
--- Redis commands.
-ALONE[1] = function(key, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
-  local raw = redis.call('GET', key)
+-- Redis commands. `raw`: the state read before the first request (see PRE in
+-- driver.lua; false: none), or nil when it was not read.
+ALONE[1] = function(key, raw, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
+  if raw == nil then raw = redis.call('GET', key) end
   local es, en, count = 0, 0, 0
   if raw then
     local sn
@@ -49,11 +50,15 @@ ALONE[1] = function(key, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
       if fresh then
         local ms = SLACK_MS + tick_to_ms(tick, e)
         if ms < 1 then ms = 1 end
-        redis.call('SET', key, state, 'PX', px(ms))
+        if raw then
+          redis.call('SET', key, state, 'PX', px(ms))
+        else
+          lone_create(key, state, px(ms))
+        end
       else
-        -- The same window: the key already expires at its end (plus the slack), as
-        -- PX would set it again; KEEPTTL costs Redis less.
-        redis.call('SET', key, state, 'KEEPTTL')
+        -- The same window (so a state was read): the key already expires at its end
+        -- (plus the slack), as PX would set it again; SETRANGE keeps that TTL.
+        redis.call('SETRANGE', key, '0', state)
       end
     end
     return 1, limit - new, e, 0, 0

@@ -181,8 +181,26 @@ local function bucket_ahead(c, st)
   return ahead * c.r - st[3]
 end
 
--- For a lone bucket check (ALONE): bucket_ahead of a state as GET returned it (nil:
--- none), clamped at 0 as every bucket algorithm clamps it.
+-- A lone check's state: `raw` as read before the first request (MGET, see PRE in
+-- driver.lua; false: none), or, when that was not read (nil), GET now. Written out in
+-- each fast path, as are the writes below: a Lua call costs Redis hundreds of
+-- instructions (tools/bench-lua.sh).
+--   if raw == nil then raw = redis.call('GET', key) end
+
+-- Writes a lone check's new state (TTL `ms`, text) where no state was read (raw
+-- false): only if the key is still missing (NX). MGET answers false for a key holding
+-- another type too, and such a key is someone else's: the request fails (as GET's
+-- WRONGTYPE makes it fail) rather than overwrite it. Where a state was read, the fast
+-- paths SET ... PX it, or where its TTL stays, SETRANGE it in place (about 2,000
+-- Redis instructions less than SET ... KEEPTTL; every state is 32 bytes).
+local function lone_create(key, state, ms)
+  if not redis.call('SET', key, state, 'PX', ms, 'NX') then
+    error('tollgate: ' .. key .. ' holds a value that is not a Tollgate state')
+  end
+end
+
+-- For a lone bucket check (ALONE): bucket_ahead of a state as read (false: none),
+-- clamped at 0 as every bucket algorithm clamps it.
 local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
   if not raw then return 0 end
   local s, sn, deficit = struct.unpack('ddd', raw)
@@ -192,12 +210,18 @@ local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
   return ahead * r - deficit
 end
 
--- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL.
-local function lone_bucket_put(key, x, tick, ns, nn, tps, r)
+-- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL,
+-- over `raw` (the state read; false: none).
+local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
   local whole = cdiv(x, r)
   local q, n = divmod(nn + whole, tps)
   local ms = SLACK_MS
   if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
   if ms < 1 then ms = 1 end
-  redis.call('SET', key, struct.pack('dddd', ns + q, n * tick, whole * r - x, 0), 'PX', px(ms))
+  local state = struct.pack('dddd', ns + q, n * tick, whole * r - x, 0)
+  if raw then
+    redis.call('SET', key, state, 'PX', px(ms))
+  else
+    lone_create(key, state, px(ms))
+  end
 end

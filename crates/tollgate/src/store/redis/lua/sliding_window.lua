@@ -52,8 +52,8 @@ end
 
 -- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
 -- the fields it reads, and the state read and written here.
-ALONE[2] = function(key, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
-  local raw = redis.call('GET', key)
+ALONE[2] = function(key, raw, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
+  if raw == nil then raw = redis.call('GET', key) end
   local c = { tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps }
   local st = { 0, 0, 0, 0 }
   if raw then
@@ -64,7 +64,12 @@ ALONE[2] = function(key, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
   local d, new = ALG[2](c, st, cost)
   if new then
     local ms = ttl_ms(c, new[1], new[2])
-    redis.call('SET', key, struct.pack('dddd', new[1], new[2] * tick, new[3], new[4]), 'PX', px(ms))
+    local state = struct.pack('dddd', new[1], new[2] * tick, new[3], new[4])
+    if raw then
+      redis.call('SET', key, state, 'PX', px(ms))
+    else
+      lone_create(key, state, px(ms))
+    end
   end
   return d[1], d[2], d[3], d[4], d[5]
 end

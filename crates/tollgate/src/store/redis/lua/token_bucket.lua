@@ -21,9 +21,10 @@ end
 
 -- ALG[4] for a lone check (no lockout, not already rejected), state read and written
 -- here (see ALONE in fixed_window.lua).
-ALONE[4] = function(key, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
+ALONE[4] = function(key, raw, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
   if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
-  local x = lone_bucket_ahead(redis.call('GET', key), tick, ns, nn, tps, r)
+  if raw == nil then raw = redis.call('GET', key) end
+  local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
   local capacity = burst * wr
   local missing = x
   if missing > capacity then missing = capacity end
@@ -31,7 +32,7 @@ ALONE[4] = function(key, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
   local need = cost * wr
   if need <= tokens then
     local left = tokens - need
-    if cost > 0 then lone_bucket_put(key, x + need, tick, ns, nn, tps, r) end
+    if cost > 0 then lone_bucket_put(key, raw, x + need, tick, ns, nn, tps, r) end
     return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
   end
   return 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0
