@@ -12,7 +12,8 @@
 #   token_bucket, gcra, leaky_bucket (queue), sliding_window: 1e9 per second
 #   floor             a script that only unpacks the request, GETs the key and SETs
 #                     it with PX, called and answering as tollgate's scripts are (the
-#                     index and one shared argument; packed doubles): what any
+#                     index and one shared argument; two packed doubles, the short
+#                     answer of an admitted check): what any
 #                     GET-then-SET script costs
 # Needs valgrind (callgrind_control), redis-server, redis-cli, python3.
 #
@@ -51,7 +52,7 @@ for q = 1, requests do
   local raw, n = redis.call('GET', KEYS[q]), 0
   if raw then n = select(3, unpack('ddd', raw)) end
   redis.call('SET', KEYS[q], struct.pack('dddd', 1, 2, n + 1, 0), 'PX', '1000')
-  out[q] = struct.pack('<ddddd', 1, 0, 0, 0, 0)
+  out[q] = struct.pack('<dd', n + 1, 0)
 end
 return table.concat(out)
 LUA

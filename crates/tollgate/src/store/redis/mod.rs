@@ -772,9 +772,8 @@ async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, 
     let reply = reply.map_err(|e| e.to_string()).and_then(|bytes| {
         script::answers(&bytes).ok_or_else(|| {
             format!(
-                "the script answered {} bytes, not {} per check",
-                bytes.len(),
-                script::ANSWER_BYTES
+                "the script answered {} bytes that are no answers",
+                bytes.len()
             )
         })
     });

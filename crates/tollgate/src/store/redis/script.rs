@@ -235,28 +235,35 @@ pub(crate) fn dedup<'a>(
     (index, distinct)
 }
 
-/// Bytes per check in the script's reply: five little-endian doubles (see
-/// `lua/driver.lua`; Redis turns one string into its reply for far less than five
-/// integers).
-pub(crate) const ANSWER_BYTES: usize = 5 * 8;
-
-/// The script's reply as five integers per check (every one a whole number, exact in a
-/// double), or `None` when its length is not a whole number of checks.
+/// The script's reply (see `lua/driver.lua`: little-endian doubles; per check either
+/// -1 and its five numbers, or for a check admitted with no retry and no delay just its
+/// remaining count and reset time) as five integers per check: allowed, remaining,
+/// reset after, retry after (-1: never), delay. `None` when the reply is not such a
+/// sequence (cut short, or a record that starts with neither).
 pub(crate) fn answers(reply: &[u8]) -> Option<Vec<i64>> {
-    if reply.len() % ANSWER_BYTES != 0 {
+    if reply.len() % 8 != 0 {
         return None;
     }
-    Some(
-        reply
-            .chunks_exact(8)
-            .map(|b| {
-                let mut bytes = [0u8; 8];
-                bytes.copy_from_slice(b);
-                // Saturating; every value the script answers is an integer in range.
-                f64::from_le_bytes(bytes) as i64
-            })
-            .collect(),
-    )
+    let mut numbers = reply.chunks_exact(8).map(|b| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(b);
+        f64::from_le_bytes(bytes)
+    });
+    // Saturating conversions; every value the script answers is an integer in range.
+    let mut out = Vec::with_capacity(reply.len() / 8 * 5 / 2);
+    while let Some(first) = numbers.next() {
+        if first >= 0.0 {
+            let reset = numbers.next()?;
+            out.extend_from_slice(&[1, first as i64, reset as i64, 0, 0]);
+        } else if first == -1.0 {
+            for _ in 0..5 {
+                out.push(numbers.next()? as i64);
+            }
+        } else {
+            return None;
+        }
+    }
+    Some(out)
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -298,18 +305,51 @@ mod tests {
     }
 
     #[test]
-    fn answers_are_five_doubles_per_check() {
+    fn answers_are_five_numbers_per_check_in_two_forms() {
         let mut reply = Vec::new();
-        for v in [1.0f64, 7.0, 3e9, 0.0, 0.0, -2.0, 0.0, 0.0, -1.0, 4.0] {
+        // Long: rejected, never; short: admitted with 7 left, reset in 3e9; long:
+        // failed; long: admitted with a delay.
+        let doubles = [
+            -1.0f64, 0.0, 0.0, 5.0, -1.0, 0.0, //
+            7.0, 3e9, //
+            -1.0, -2.0, 0.0, 0.0, 0.0, 0.0, //
+            -1.0, 1.0, 2.0, 8.0, 0.0, 4.0,
+        ];
+        for v in doubles {
             reply.extend_from_slice(&v.to_le_bytes());
         }
         assert_eq!(
             answers(&reply),
-            Some(vec![1, 7, 3_000_000_000, 0, 0, -2, 0, 0, -1, 4])
+            Some(vec![
+                0,
+                0,
+                5,
+                -1,
+                0, //
+                1,
+                7,
+                3_000_000_000,
+                0,
+                0, //
+                -2,
+                0,
+                0,
+                0,
+                0, //
+                1,
+                2,
+                8,
+                0,
+                4
+            ])
         );
         assert_eq!(answers(&[]), Some(vec![]));
-        // A reply cut short is not read as fewer checks.
+        // A reply cut short is not read as fewer checks, in either form.
         assert_eq!(answers(&reply[..reply.len() - 8]), None);
+        assert_eq!(answers(&reply[..6 * 8 + 8]), None);
+        assert_eq!(answers(&reply[..reply.len() - 3]), None);
+        // A record starting with another negative number is no answer.
+        assert_eq!(answers(&(-3.0f64).to_le_bytes()), None);
     }
 
     #[test]
