@@ -18,7 +18,7 @@ use tollgate::algorithm::{
     Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, SlidingLog, SlidingWindow,
     TokenBucket,
 };
-use tollgate::decision::Decision;
+use tollgate::decision::{Decision, NEVER};
 use tollgate::store::{
     Check, MemoryStore, RedisStore, RedisStoreBuilder, ScriptCall, Store, TimeSource,
 };
@@ -302,7 +302,7 @@ fn batched_calls_decide_exactly_what_the_in_memory_store_decides() {
                             let mut d = if v[0] == 1 {
                                 Decision::allow(c.limit.limit(), ns(v[1]), ns(v[2]))
                             } else {
-                                let retry = if v[3] < 0 { u64::MAX } else { ns(v[3]) };
+                                let retry = if v[3] < 0 { NEVER } else { ns(v[3]) };
                                 Decision::reject(c.limit.limit(), ns(v[1]), ns(v[2]), retry)
                             };
                             d.delay = ns(v[4]);
