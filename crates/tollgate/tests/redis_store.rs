@@ -752,15 +752,25 @@ descriptors:
 /// A store for hundreds of requests at once, which its batcher shares out over script
 /// calls: no blocked-key cache (every request goes to Redis) and a deadline no busy
 /// machine reaches.
+/// A store on `server` without the blocked-key cache (every request reaches Redis),
+/// answering within `deadline`.
+fn uncached_store(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    deadline: Duration,
+) -> RedisStore {
+    let store = RedisStore::builder(server.url())
+        .blocked_cache(0)
+        .deadline(deadline)
+        .connect();
+    rt.block_on(store).unwrap()
+}
+
 fn batching_store(
     rt: &tokio::runtime::Runtime,
     server: &RedisServer,
 ) -> std::sync::Arc<RedisStore> {
-    let store = RedisStore::builder(server.url())
-        .blocked_cache(0)
-        .deadline(Duration::from_secs(5))
-        .connect();
-    std::sync::Arc::new(rt.block_on(store).unwrap())
+    std::sync::Arc::new(uncached_store(rt, server, Duration::from_secs(5)))
 }
 
 #[test]
@@ -1039,14 +1049,7 @@ fn a_cluster_over_tls_decides_exactly() {
 fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
     let server = RedisServer::start();
     let rt = two_threads();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .deadline(Duration::from_millis(400))
-                .blocked_cache(0)
-                .connect(),
-        )
-        .unwrap();
+    let store = uncached_store(&rt, &server, Duration::from_millis(400));
     let l = fixed(1_000, Duration::from_secs(3_600));
     // Connected and the script loaded (which a busy machine may not do in the budget).
     rt.block_on(store.check(0, &[Check::new(&l, "k", 0)]))
@@ -1098,14 +1101,7 @@ fn a_callers_budget_shorter_than_the_deadline_bounds_the_wait() {
 fn a_tiny_budget_still_gets_redis_decision() {
     let server = RedisServer::start();
     let rt = two_threads();
-    let store = rt
-        .block_on(
-            RedisStore::builder(server.url())
-                .deadline(Duration::from_secs(5))
-                .blocked_cache(0)
-                .connect(),
-        )
-        .unwrap();
+    let store = uncached_store(&rt, &server, Duration::from_secs(5));
     let l = fixed(2, Duration::from_secs(3_600));
     let allowed: Vec<bool> = (0..3)
         .map(|_| {
