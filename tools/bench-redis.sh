@@ -68,21 +68,29 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 YAML
 
-# Starts tollgate serve with extra flags; prints "pid grpc_port http_port".
+# Starts tollgate serve with extra flags; prints "pid grpc_port http_port". Tries new
+# ports if the server exits (a port taken between free_port and its bind).
 serve() {
   local grpc http pid code
-  grpc="$(free_port)"; http="$(free_port)"
-  TOLLGATE_LOG=warn "$bin/tollgate" serve --config "$work/rules" \
-    --grpc-listen "127.0.0.1:$grpc" --http-listen "127.0.0.1:$http" "$@" \
-    >>"$work/server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 300); do
-    code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz" || true)"
-    [[ "$code" == "200" ]] && { echo "$pid $grpc $http"; return 0; }
-    sleep 0.1
+  for _ in 1 2 3; do
+    grpc="$(free_port)"; http="$(free_port)"
+    [[ "$grpc" != "$http" ]] || continue
+    TOLLGATE_LOG=warn "$bin/tollgate" serve --config "$work/rules" \
+      --grpc-listen "127.0.0.1:$grpc" --http-listen "127.0.0.1:$http" "$@" \
+      >>"$work/server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 300); do
+      kill -0 "$pid" 2>/dev/null || break
+      code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz" || true)"
+      [[ "$code" == "200" ]] && { echo "$pid $grpc $http"; return 0; }
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
   done
   cat "$work/server.log" >&2
-  die "tollgate serve did not become ready"
+  log "tollgate serve did not become ready"
+  return 1
 }
 
 evalsha_calls() {
@@ -90,9 +98,12 @@ evalsha_calls() {
     sed -nE 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
 }
 
-read -r redis_tg grpc_r _ <<<"$(serve --store "redis://127.0.0.1:$redis_port")"
+# (`die` inside the command substitution would end only its subshell.)
+started="$(serve --store "redis://127.0.0.1:$redis_port")" || die "cannot start tollgate serve on Redis"
+read -r redis_tg grpc_r _ <<<"$started"
 pids+=("$redis_tg")
-read -r memory_tg grpc_m _ <<<"$(serve)"
+started="$(serve)" || die "cannot start tollgate serve in memory"
+read -r memory_tg grpc_m _ <<<"$started"
 pids+=("$memory_tg")
 
 load() { "$bin/tollgate-load" grpc --addr "127.0.0.1:$1" --concurrency "$concurrency" --json --quiet "${@:2}"; }

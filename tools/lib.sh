@@ -4,12 +4,18 @@
 log() { printf '%s\n' "$*" >&2; }
 die() { log "${bench_name:-bench}: $*"; exit 1; }
 
-# A loopback port nobody listens on (there is a small race until a server binds it;
-# the scripts' readiness checks catch a server that could not start).
+# A loopback port nobody listens on, below the kernel's range of ephemeral ports (a port
+# in that range can be taken meanwhile as the local end of some outgoing connection,
+# which makes a server's bind fail). There is still a small race until a server binds
+# it; the scripts' readiness checks catch a server that could not start.
 free_port() {
-  local port
+  local port low=32768
+  if [[ -r /proc/sys/net/ipv4/ip_local_port_range ]]; then
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  fi
+  ((low > 12000)) || low=32768
   for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((10000 + RANDOM % (low - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return 0
