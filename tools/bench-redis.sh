@@ -7,7 +7,7 @@
 #   1. tollgate serve on that Redis; tollgate-load over gRPC, closed loop, concurrency
 #      64, DURATION, 10,000 keys: max decisions/s, the server's CPU per decision
 #      (--server-pid) and Redis's CPU per decision (/proc/PID/task/*/schedstat);
-#   2. open loop at half that rate: p99; the same rate against tollgate serve on the
+#   2. open loop at half that rate, the load tool on one thread (OPEN_THREADS): p99; the same rate against tollgate serve on the
 #      in-memory store gives the p99 that Redis adds; and how long per second tollgate's
 #      and Redis's threads ran and waited in the run queue for a CPU on the Redis run;
 #   3. the ceiling: the same EVALSHA over 64 connections, one call in flight each
@@ -17,12 +17,14 @@
 #      commandstats) per rejected request.
 # Needs redis-server, redis-cli, redis-benchmark (redis-server, redis-tools), curl.
 #
-# Usage: tools/bench-redis.sh      Environment: DURATION (10s), CONCURRENCY (64)
+# Usage: tools/bench-redis.sh      Environment: DURATION (10s), CONCURRENCY (64),
+#   OPEN_THREADS (1: tollgate-load's threads in the open loop)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 duration="${DURATION:-10s}"
 concurrency="${CONCURRENCY:-64}"
+open_threads="${OPEN_THREADS:-1}"
 keys=10000
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
@@ -123,12 +125,12 @@ half="$(awk -v r="$rps" 'BEGIN { printf "%.0f", r / 2 }')"
 log "2. open loop at $half/s: on Redis, then on the in-memory store..."
 read -r tr0 tw0 <<<"$(sched_ns "$redis_tg")"; read -r rr0 rw0 <<<"$(sched_ns "$redis_pid")"; t0="$(now_ns)"
 read -r s0 j0 <<<"$(steal_jiffies)"
-open_r="$(load "$grpc_r" --keys "$keys" --duration "$duration" --rate "$half")"
+open_r="$(load "$grpc_r" --keys "$keys" --duration "$duration" --rate "$half" --threads "$open_threads")"
 read -r tr1 tw1 <<<"$(sched_ns "$redis_tg")"; read -r rr1 rw1 <<<"$(sched_ns "$redis_pid")"; t1="$(now_ns)"
 read -r s1 j1 <<<"$(steal_jiffies)"
 sched_tg="$(per_second "$tr0" "$tw0" "$t0" "$tr1" "$tw1" "$t1")"
 sched_redis="$(per_second "$rr0" "$rw0" "$t0" "$rr1" "$rw1" "$t1")"
-open_m="$(load "$grpc_m" --keys "$keys" --duration "$duration" --rate "$half")"
+open_m="$(load "$grpc_m" --keys "$keys" --duration "$duration" --rate "$half" --threads "$open_threads")"
 p99_r="$(field "$open_r" p99)"; p99_m="$(field "$open_m" p99)"
 p50_r="$(field "$open_r" p50)"; p50_m="$(field "$open_m" p50)"
 

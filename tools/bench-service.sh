@@ -6,7 +6,8 @@
 # waits for GET /readyz to answer 200, then for each API:
 #   1. closed loop, concurrency 64, 10 s, 10,000 keys, with the server's CPU time
 #      (--server-pid): the maximum throughput;
-#   2. open loop at half that rate for 10 s: the p99 latency at half load, and how
+#   2. open loop at half that rate for 10 s, the load tool on one thread
+#      (OPEN_THREADS): the p99 latency at half load, and how
 #      long per second the server's threads ran and waited in the run queue for a CPU
 #      (/proc/PID/task/*/schedstat; the wait is time the two cores were taken).
 # Prints a table and stops the server on exit. Needs bash, cargo and curl.
@@ -23,6 +24,8 @@
 # Environment (optional): DURATION (10s), CONCURRENCY (64), KEYS (10000), CONNECTIONS (2),
 #   GRPC_TRANSPORT (native or tonic: the server's), LOAD_TRANSPORT (native or tonic:
 #   tollgate-load's gRPC client),
+#   OPEN_THREADS (1: tollgate-load's threads in the open loop; one thread hands no
+#   wake-up between threads and leaves the server more of the two cores),
 #   CARGO_TARGET_DIR (where cargo builds; default: <repo>/target).
 set -euo pipefail
 
@@ -33,6 +36,7 @@ keys="${KEYS:-10000}"
 connections="${CONNECTIONS:-2}"
 grpc_transport="${GRPC_TRANSPORT:-native}" # tollgate serve --grpc-transport
 load_transport="${LOAD_TRANSPORT:-native}" # tollgate-load grpc --transport
+open_threads="${OPEN_THREADS:-1}"           # tollgate-load --threads, open loop
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
 bench_name=bench-service
@@ -126,7 +130,7 @@ for mode in grpc check; do
   [[ "$half" -gt 0 ]] || die "$mode: no throughput measured"
   log "$mode: open loop at $half req/s, $duration..."
   read -r run0 wait0 <<<"$(sched_ns "$server_pid")"; t0="$(now_ns)"; read -r s0 j0 <<<"$(steal_jiffies)"
-  open="$(load "$mode" --rate "$half")"
+  open="$(load "$mode" --rate "$half" --threads "$open_threads")"
   read -r run1 wait1 <<<"$(sched_ns "$server_pid")"; t1="$(now_ns)"; read -r s1 j1 <<<"$(steal_jiffies)"
   log "  $open"
   check_errors "$mode open loop" "$open"

@@ -150,11 +150,11 @@ pub struct CommonArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
     /// Total requests per second, paced open-loop (request `i` is scheduled at
-    /// `start + i/R`; a pacer thread checks every 200 us and wakes one dispatcher
-    /// task per runtime thread, which sends its share of the due requests). Latency is
+    /// `start + i/R`; one dispatcher task per runtime thread wakes on its own 200 us
+    /// timer (a Linux timerfd) and sends its share of the due requests). Latency is
     /// then measured from each request's scheduled start, so time spent waiting for a
     /// free slot (`--concurrency` already in flight) counts (no coordinated omission),
-    /// and so does the pacer's own delay. Without `--rate` the run is closed-loop: each
+    /// and so does the timer's step. Without `--rate` the run is closed-loop: each
     /// worker sends its next request as soon as the previous one is answered.
     #[arg(short, long, env = "TOLLGATE_LOAD_RATE", value_parser = parse_rate)]
     pub rate: Option<f64>,
@@ -171,7 +171,10 @@ pub struct CommonArgs {
     /// before and after the measured run and reported per request.
     #[arg(long, env = "TOLLGATE_LOAD_SERVER_PID")]
     pub server_pid: Option<u32>,
-    /// Tokio worker threads for the load generator (default: one per CPU).
+    /// Tokio worker threads for the load generator (default: one per CPU). With 1, the
+    /// whole load generator runs on one thread (tokio's current-thread runtime), so no
+    /// wake-up ever passes from one thread to another: the least CPU per request, for
+    /// open-loop runs that share the machine with the server.
     #[arg(long, env = "TOLLGATE_LOAD_THREADS",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,

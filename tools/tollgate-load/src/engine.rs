@@ -3,38 +3,32 @@
 //! records the outcome and latency (from the actual send to the answer) in its own
 //! HdrHistogram. The histograms and counters are merged when the phase ends.
 //!
-//! Open loop (`rate` R): request `i` is scheduled at `start + i/R`. A pacer thread
-//! wakes every [`PACER_STEP`] and, when requests have come due, wakes the dispatchers
-//! (a tokio timer ticks only once a millisecond, which would release a whole
-//! millisecond of requests, 64 at 64,000/s, in one burst). There is one dispatcher
-//! task per runtime thread; whenever woken (by the pacer or by an answer) it claims
-//! the next due request numbers, each with a slot of the `concurrency` limit (both
-//! shared by all dispatchers), and keeps its calls in flight in one task, so a pacer
-//! step costs one wake-up per dispatcher rather than one per request (on two shared
-//! cores the wake-ups, not the requests, were most of the load generator's CPU time).
+//! Open loop (`rate` R): request `i` is scheduled at `start + i/R`. There is one
+//! dispatcher task per runtime thread, each with its own [`Ticker`] (a timer that
+//! wakes it every [`crate::pacer::STEP`]); whenever woken (by its ticker or by an answer) it
+//! claims the next due request numbers, each with a slot of the `concurrency` limit
+//! (both shared by all dispatchers), and keeps its calls in flight in one task, so a
+//! step costs one wake-up per dispatcher rather than one per request.
 //! Latency is always measured from the request's scheduled time: when the in-flight
 //! limit was reached (the server is behind), the queueing delay the server caused is counted
-//! (no coordinated omission), and the pacer's own wake-up delay (up to about 0.25 ms)
-//! is counted too, so the figure errs on the high side.
+//! (no coordinated omission), and the ticker's own step (up to [`crate::pacer::STEP`]) is
+//! counted too, so the figure errs on the high side.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::cli::Stop;
+use crate::pacer::Ticker;
 
 /// Dispatches later than this behind schedule are counted as "late".
 const LATE_THRESHOLD: Duration = Duration::from_millis(1);
-/// How long the open-loop pacer sleeps between releases (the kernel adds its timer
-/// slack, about 50 us, on top).
-pub const PACER_STEP: Duration = Duration::from_micros(200);
 
 /// What one request resulted in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,8 +101,8 @@ pub struct PhaseResult {
     pub elapsed: Duration,
     /// Open loop only: requests dispatched more than 1 ms behind schedule, mostly
     /// because the in-flight limit was reached (a sign that `--concurrency` is too low
-    /// for the rate or the server cannot keep up), or because the pacer thread was not
-    /// run for a millisecond (an overloaded machine).
+    /// for the rate or the server cannot keep up), or because a dispatcher was not run
+    /// for a millisecond (an overloaded machine).
     pub late: u64,
     /// The first error seen, to show the user what went wrong.
     pub first_error: Option<String>,
@@ -137,54 +131,17 @@ pub async fn run<T: Target>(
     plan: Plan,
     progress: ProgressBar,
 ) -> Result<PhaseResult, String> {
-    let stopped = Arc::new(AtomicBool::new(false));
-    // However this function returns, the pacer stops (it checks the flag each step).
-    let _stop_pacer = StopFlag(Arc::clone(&stopped));
     let tasks = match plan.rate {
         None => plan.concurrency,
         // One dispatcher per runtime thread, each with at least one request in flight.
         Some(_) => (tokio::runtime::Handle::current().metrics().num_workers() as u32)
             .clamp(1, plan.concurrency.max(1)),
     };
-    let wakes: Vec<Arc<Notify>> = match plan.rate {
-        None => Vec::new(),
-        Some(_) => (0..tasks).map(|_| Arc::new(Notify::new())).collect(),
-    };
-    // The pacer's thread is started first and the phase's clock after it is running:
-    // starting a thread can take longer than a millisecond, which would make the first
-    // requests "late".
-    let pacer = match plan.rate {
-        None => None,
-        Some(rate) => {
-            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
-            let (start_tx, start_rx) = std::sync::mpsc::channel::<Instant>();
-            let (stopped, wakes, stop) = (Arc::clone(&stopped), wakes.clone(), plan.stop);
-            let handle = tokio::task::spawn_blocking(move || {
-                let _ = ready_tx.send(());
-                if let Ok(start) = start_rx.recv() {
-                    pace(&stopped, &wakes, start, rate, stop);
-                }
-            });
-            ready_rx
-                .await
-                .map_err(|_| "the load pacer did not start".to_string())?;
-            Some((handle, start_tx))
-        }
-    };
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
         done: AtomicU64::new(0),
         start: Instant::now(),
     });
-    let pacer = match pacer {
-        Some((handle, start_tx)) => {
-            start_tx
-                .send(shared.start)
-                .map_err(|_| "the load pacer stopped".to_string())?;
-            Some(handle)
-        }
-        None => None,
-    };
     let ticker = tokio::spawn(tick(Arc::clone(&shared), plan.stop, progress.clone()));
 
     // Dropped (on an early return too), the set aborts the tasks still running.
@@ -201,15 +158,14 @@ pub async fn run<T: Target>(
                 total: scheduled_requests(plan.stop, rate),
                 limit: u64::from(plan.concurrency),
                 in_flight: AtomicU64::new(0),
-                wakes: wakes.clone(),
             });
-            for wake in wakes {
+            for _ in 0..tasks {
                 set.spawn(dispatcher(
                     Arc::clone(&target),
                     Arc::clone(&shared),
                     Arc::clone(&open),
                     plan.timeout,
-                    wake,
+                    Ticker::new()?,
                 ));
             }
         }
@@ -222,12 +178,6 @@ pub async fn run<T: Target>(
     }
     let elapsed = shared.start.elapsed();
     ticker.abort();
-    stopped.store(true, Ordering::Relaxed);
-    if let Some(pacer) = pacer {
-        pacer
-            .await
-            .map_err(|e| format!("the load pacer failed: {e}"))?;
-    }
     progress.finish_and_clear();
 
     Ok(PhaseResult {
@@ -249,15 +199,6 @@ struct Shared {
     start: Instant,
 }
 
-/// Sets the pacer's stop flag when dropped.
-struct StopFlag(Arc<AtomicBool>);
-
-impl Drop for StopFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 /// How many requests an open-loop phase schedules at `rate`.
 fn scheduled_requests(stop: Stop, rate: f64) -> u64 {
     match stop {
@@ -276,33 +217,6 @@ fn scheduled_requests(stop: Stop, rate: f64) -> u64 {
     }
 }
 
-/// The open-loop pacer (a blocking thread): every [`PACER_STEP`], wakes every
-/// dispatcher if a request has come due since the last wake-up, until every scheduled
-/// request is due. Stops early once `stopped` is set (the phase ended).
-fn pace(stopped: &AtomicBool, wakes: &[Arc<Notify>], start: Instant, rate: f64, stop: Stop) {
-    let total = scheduled_requests(stop, rate);
-    let mut released = 0u64;
-    while released < total {
-        if stopped.load(Ordering::Relaxed) {
-            return;
-        }
-        // Request i is due at i / rate: by `elapsed`, floor(elapsed * rate) + 1 are.
-        let due = ((start.elapsed().as_secs_f64() * rate).floor() as u64)
-            .saturating_add(1)
-            .min(total);
-        if due > released {
-            // A wake-up is kept if its dispatcher is busy, so none is lost.
-            for wake in wakes {
-                wake.notify_one();
-            }
-            released = due;
-        }
-        if released < total {
-            std::thread::sleep(PACER_STEP);
-        }
-    }
-}
-
 /// What the open loop's dispatchers share besides [`Shared`].
 struct OpenLoop {
     /// Requests per second.
@@ -313,8 +227,6 @@ struct OpenLoop {
     limit: u64,
     /// Requests in flight, over all dispatchers.
     in_flight: AtomicU64,
-    /// Each dispatcher's wake-up (the pacer's too).
-    wakes: Vec<Arc<Notify>>,
 }
 
 impl OpenLoop {
@@ -341,13 +253,6 @@ impl OpenLoop {
                 (seq < self.total && offset <= elapsed).then_some(seq + 1)
             })
             .ok()?;
-        if seq + 1 == self.total {
-            // A dispatcher waiting for a due request (every slot was busy when it last
-            // looked) would otherwise wait for a pacer that has stopped.
-            for wake in &self.wakes {
-                wake.notify_one();
-            }
-        }
         Some((seq, offset))
     }
 
@@ -438,7 +343,7 @@ async fn worker<T: Target>(
     Ok(res)
 }
 
-/// An open-loop dispatcher: whenever woken (by the pacer or by an answer), claims each
+/// An open-loop dispatcher: whenever woken (by its ticker or by an answer), claims each
 /// request that has come due while a slot of the in-flight limit is free, sends it,
 /// and records the answers, all in one task.
 async fn dispatcher<T: Target>(
@@ -446,7 +351,7 @@ async fn dispatcher<T: Target>(
     shared: Arc<Shared>,
     open: Arc<OpenLoop>,
     timeout: Duration,
-    wake: Arc<Notify>,
+    mut ticker: Ticker,
 ) -> Result<WorkerResult, String> {
     let mut res = WorkerResult::new()?;
     let mut in_flight = FuturesUnordered::new();
@@ -479,7 +384,7 @@ async fn dispatcher<T: Target>(
                 res.record(outcome, due, timeout);
                 shared.done.fetch_add(1, Ordering::Relaxed);
             }
-            _ = wake.notified(), if !claimed => {}
+            tick = ticker.tick(), if !claimed => tick?,
         }
     }
     Ok(res)

@@ -10,6 +10,7 @@ mod engine;
 mod grpc;
 mod grpc_native;
 mod http;
+mod pacer;
 mod redis;
 mod report;
 
@@ -26,11 +27,16 @@ use crate::report::{Report, RunInfo};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    let mut rt = match cli.mode.common().threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            rt.worker_threads(n as usize);
+            rt
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     rt.enable_all();
-    if let Some(n) = cli.mode.common().threads {
-        rt.worker_threads(n as usize);
-    }
     let result = rt
         .build()
         .map_err(|e| format!("cannot start the tokio runtime: {e}"))
