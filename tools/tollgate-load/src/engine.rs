@@ -137,12 +137,19 @@ pub async fn run<T: Target>(
         Some(_) => (tokio::runtime::Handle::current().metrics().num_workers() as u32)
             .clamp(1, plan.concurrency.max(1)),
     };
+    // The open loop's timers, made before anything is started (making one can fail).
+    let tickers = match plan.rate {
+        None => Vec::new(),
+        Some(_) => (0..tasks)
+            .map(|_| Ticker::new())
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
         done: AtomicU64::new(0),
         start: Instant::now(),
     });
-    let ticker = tokio::spawn(tick(Arc::clone(&shared), plan.stop, progress.clone()));
+    let progress_task = tokio::spawn(tick(Arc::clone(&shared), plan.stop, progress.clone()));
 
     // Dropped (on an early return too), the set aborts the tasks still running.
     let mut set = JoinSet::new();
@@ -159,13 +166,13 @@ pub async fn run<T: Target>(
                 limit: u64::from(plan.concurrency),
                 in_flight: AtomicU64::new(0),
             });
-            for _ in 0..tasks {
+            for ticker in tickers {
                 set.spawn(dispatcher(
                     Arc::clone(&target),
                     Arc::clone(&shared),
                     Arc::clone(&open),
                     plan.timeout,
-                    Ticker::new()?,
+                    ticker,
                 ));
             }
         }
@@ -177,7 +184,7 @@ pub async fn run<T: Target>(
         merged.merge(r?)?;
     }
     let elapsed = shared.start.elapsed();
-    ticker.abort();
+    progress_task.abort();
     progress.finish_and_clear();
 
     Ok(PhaseResult {
