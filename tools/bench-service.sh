@@ -9,7 +9,8 @@
 #   2. open loop at half that rate for 10 s, the load tool on one thread
 #      (OPEN_THREADS): the p99 latency at half load, and how
 #      long per second the server's threads ran and waited in the run queue for a CPU
-#      (/proc/PID/task/*/schedstat; the wait is time the two cores were taken).
+#      (/proc/PID/task/*/schedstat; the wait is time the two cores were taken), and
+#      the load tool's own CPU per request (the other half of the pair).
 # Prints a table and stops the server on exit. Needs bash, cargo and curl.
 #
 # The load generator runs on the same machine as the server and competes with it for
@@ -138,9 +139,12 @@ for mode in grpc check; do
   sched="$(per_second "$run0" "$wait0" "$t0" "$run1" "$wait1" "$t1")"
   steal="$(stolen "$s0" "$j0" "$s1" "$j1")"
 
-  rows+=("$(printf '%-6s %10.0f %18s %18s %24s %8s' "$mode" "$rps" "$cpu" "$p99" "$sched" "$steal")")
+  load_cpu="$(field "$open" load_cpu_us_per_request)"
+
+  rows+=("$(printf '%-6s %10.0f %18s %18s %24s %20s %8s' "$mode" "$rps" "$cpu" "$p99" "$sched" \
+    "$load_cpu" "$steal")")
 done
 
-printf '\n%-6s %10s %18s %18s %24s %8s\n' "mode" "max req/s" "server CPU us/req" "p99 us @ half max" \
-  "server ran/waited ms/s" "stolen"
+printf '\n%-6s %10s %18s %18s %24s %20s %8s\n' "mode" "max req/s" "server CPU us/req" \
+  "p99 us @ half max" "server ran/waited ms/s" "load us/req @ half" "stolen"
 printf '%s\n' "${rows[@]}"

@@ -1,4 +1,5 @@
-//! CPU time of another process (the server under test), read from Linux `/proc`.
+//! CPU time of a process (the server under test, or this tool itself), read from Linux
+//! `/proc`.
 //!
 //! Preferred source: `/proc/PID/task/*/schedstat`, whose first field is the thread's
 //! CPU time in nanoseconds. It must be summed over the threads: `/proc/PID/schedstat`

@@ -174,16 +174,22 @@ async fn drive<T: Target>(
     }
 
     let before = common.server_pid.map(cpu::sample).transpose()?;
+    // This tool's own CPU (best effort: not reported if /proc cannot be read).
+    let own_before = cpu::sample(std::process::id()).ok();
     let phase = engine::run(
         Arc::clone(&target),
         plan,
         progress_bar(common.quiet, plan.stop, "run"),
     )
     .await?;
+    let own_after = cpu::sample(std::process::id()).ok();
     let after = common.server_pid.map(cpu::sample).transpose()?;
     let server_cpu = before.zip(after).map(|(b, a)| cpu::usage(&b, &a, clk_tck));
+    let load_cpu = own_before
+        .zip(own_after)
+        .map(|(b, a)| cpu::usage(&b, &a, clk_tck));
 
-    let report = Report::new(info, &phase, server_cpu);
+    let report = Report::new(info, &phase, server_cpu, load_cpu);
     if common.json {
         println!("{}", report.to_json());
     } else {

@@ -79,13 +79,21 @@ pub struct Report {
     pub late: Option<u64>,
     /// Server CPU used during the run, if `--server-pid` was given.
     pub server_cpu: Option<CpuUsage>,
+    /// The load generator's own CPU during the run (it shares the machine with the
+    /// server in our benchmarks), if it could be read.
+    pub load_cpu: Option<CpuUsage>,
     /// The first error seen.
     pub first_error: Option<String>,
 }
 
 impl Report {
     /// Builds the report of a measured phase.
-    pub fn new(run: RunInfo, phase: &PhaseResult, server_cpu: Option<CpuUsage>) -> Self {
+    pub fn new(
+        run: RunInfo,
+        phase: &PhaseResult,
+        server_cpu: Option<CpuUsage>,
+        load_cpu: Option<CpuUsage>,
+    ) -> Self {
         let elapsed_s = phase.elapsed.as_secs_f64();
         let total = phase.counts.total();
         let late = run.rate.map(|_| phase.late);
@@ -101,15 +109,24 @@ impl Report {
             latency: Latency::from_ns(&phase.latency_ns),
             late,
             server_cpu,
+            load_cpu,
             first_error: phase.first_error.clone(),
         }
     }
 
     /// Server CPU microseconds per request, if measured and any request was made.
     pub fn server_cpu_us_per_request(&self) -> Option<f64> {
+        self.per_request(self.server_cpu)
+    }
+
+    /// The load generator's CPU microseconds per request, if measured.
+    pub fn load_cpu_us_per_request(&self) -> Option<f64> {
+        self.per_request(self.load_cpu)
+    }
+
+    fn per_request(&self, cpu: Option<CpuUsage>) -> Option<f64> {
         let total = self.counts.total();
-        self.server_cpu
-            .filter(|_| total > 0)
+        cpu.filter(|_| total > 0)
             .map(|c| c.time.as_secs_f64() * 1e6 / total as f64)
     }
 
@@ -147,6 +164,8 @@ impl Report {
             "server_cpu_us_per_request": self.server_cpu_us_per_request().map(r1),
             "server_cpu_s": self.server_cpu.map(|c| c.time.as_secs_f64()),
             "server_cpu_source": self.server_cpu.map(|c| c.source),
+            "load_cpu_us_per_request": self.load_cpu_us_per_request().map(r1),
+            "load_cpu_s": self.load_cpu.map(|c| c.time.as_secs_f64()),
             "first_error": self.first_error,
         })
     }
@@ -197,6 +216,13 @@ impl Report {
                 cpu.source
             );
         }
+        if let (Some(cpu), Some(per)) = (self.load_cpu, self.load_cpu_us_per_request()) {
+            let _ = writeln!(
+                out,
+                "load cpu     {per:.1} µs/request ({:.3} s in total: this tool's own)",
+                cpu.time.as_secs_f64()
+            );
+        }
         if let Some(e) = &self.first_error {
             let _ = writeln!(out, "first error  {e}");
         }
@@ -242,12 +268,17 @@ mod tests {
             keys: Some(10_000),
             stop: Stop::Duration(Duration::from_secs(2)),
         };
-        let r = Report::new(run, &phase()?, Some(cpu));
+        let own = CpuUsage {
+            time: Duration::from_millis(20),
+            source: "schedstat",
+        };
+        let r = Report::new(run, &phase()?, Some(cpu), Some(own));
         assert_eq!(r.rps, 500.0);
         assert!((r.latency.p50 - 500.0).abs() <= 1.0, "{:?}", r.latency);
         assert!((r.latency.p99 - 990.0).abs() <= 1.0, "{:?}", r.latency);
         assert!((r.latency.max - 1000.0).abs() <= 1.0, "{:?}", r.latency);
         assert_eq!(r.server_cpu_us_per_request(), Some(50.0));
+        assert_eq!(r.load_cpu_us_per_request(), Some(20.0));
 
         let j = r.to_json();
         assert_eq!(j["requests"], 1000);
@@ -257,6 +288,8 @@ mod tests {
         assert_eq!(j["late"], 3);
         assert_eq!(j["server_cpu_us_per_request"], 50.0);
         assert_eq!(j["server_cpu_source"], "schedstat");
+        assert_eq!(j["load_cpu_us_per_request"], 20.0);
+        assert_eq!(j["load_cpu_s"], 0.02);
         assert_eq!(j["duration_s"], 2.0);
         assert!(j["requests_limit"].is_null());
 
@@ -267,6 +300,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("server cpu   50.0 µs/request"), "{t}");
+        assert!(t.contains("load cpu     20.0 µs/request"), "{t}");
         assert!(t.contains("first error  HTTP 503"), "{t}");
         Ok(())
     }
@@ -281,14 +315,16 @@ mod tests {
             keys: None,
             stop: Stop::Requests(1000),
         };
-        let r = Report::new(run, &phase()?, None);
+        let r = Report::new(run, &phase()?, None, None);
         let j = r.to_json();
         assert!(j["late"].is_null());
         assert!(j["server_cpu_us_per_request"].is_null());
+        assert!(j["load_cpu_us_per_request"].is_null());
         assert_eq!(j["requests_limit"], 1000);
         let t = r.to_text();
         assert!(t.contains("closed loop, concurrency 8\n"), "{t}");
         assert!(!t.contains("server cpu"), "{t}");
+        assert!(!t.contains("load cpu"), "{t}");
         Ok(())
     }
 
