@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks `tollgate serve --store redis://...` against its ceiling on this machine:
-# Redis running the very script call tollgate makes (EVALSHA, same arguments, same
+# Redis running the very script call tollgate makes (FCALL on Redis 7, same arguments, same
 # concurrency, 10,000 keys) in the same session.
 #
 # Starts its own redis-server on a free port (no persistence), then:
@@ -10,7 +10,7 @@
 #   2. open loop at half that rate, the load tool on one thread (OPEN_THREADS): p99; the same rate against tollgate serve on the
 #      in-memory store gives the p99 that Redis adds; and how long per second tollgate's
 #      and Redis's threads ran and waited in the run queue for a CPU on the Redis run;
-#   3. the ceiling: the same EVALSHA over 64 connections, one call in flight each
+#   3. the ceiling: the same FCALL over 64 connections, one call in flight each
 #      (tollgate-load redis: redis-benchmark cannot send the script's binary argument),
 #      and Redis's CPU per call; redis-benchmark SET as this machine's yardstick;
 #   4. one hammered key over its limit, blocked-key cache on: Redis calls (INFO
@@ -95,9 +95,10 @@ serve() {
   return 1
 }
 
-evalsha_calls() {
+# Script calls Redis has run: FCALL (the store's default on Redis 7) and EVALSHA.
+script_calls() {
   redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
-    sed -nE 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
+    sed -nE 's/^cmdstat_(fcall|evalsha):calls=([0-9]+),.*/\2/p' | awk '{ s += $1 } END { print s + 0 }'
 }
 
 # (`die` inside the command substitution would end only its subshell.)
@@ -149,9 +150,9 @@ set_rps="$(redis-benchmark -p "$redis_port" -c "$concurrency" -n 200000 -r "$key
   SET 'set:__rand_int__' v | tail -1 | cut -d, -f2 | tr -d '"')"
 
 log "4. one hammered key, 10 per hour, blocked-key cache on..."
-c0="$(evalsha_calls)"
+c0="$(script_calls)"
 hammer="$(load "$grpc_r" --keys 1 --domain hammer --duration 5s)"
-c1="$(evalsha_calls)"
+c1="$(script_calls)"
 rejected="$(field "$hammer" over_limit)"
 per_reject="$(awk -v a="$c0" -v b="$c1" -v n="$rejected" 'BEGIN { printf "%.5f", (b - a) / (n > 0 ? n : 1) }')"
 

@@ -62,6 +62,11 @@ pub enum Command {
         /// Algorithm names, as in rule files.
         #[arg(required = true)]
         algorithms: Vec<String>,
+        /// Print it as the Redis Functions library the store loads on Redis 7 and
+        /// later (`redis-cli -x FUNCTION LOAD REPLACE < file`); its first line names
+        /// the function (`#!lua name=...`).
+        #[arg(long)]
+        library: bool,
     },
 }
 

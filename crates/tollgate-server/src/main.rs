@@ -43,9 +43,17 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Some(Command::RedisScript { algorithms }) => {
+        Some(Command::RedisScript {
+            algorithms,
+            library,
+        }) => {
             let names: Vec<&str> = algorithms.iter().map(String::as_str).collect();
-            match tollgate::store::script_source(&names) {
+            let source = if library {
+                tollgate::store::script_library(&names).map(|(_, library)| library)
+            } else {
+                tollgate::store::script_source(&names)
+            };
+            match source {
                 Ok(source) => {
                     print!("{source}");
                     ExitCode::SUCCESS

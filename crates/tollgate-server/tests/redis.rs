@@ -76,7 +76,7 @@ fn every_shared_case_passes_on_a_redis_that_requires_tls() {
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let out = conformance(&redis.tls_url(), &args);
     assert!(out.ends_with(" passed, 0 failed\n"), "{out}");
-    assert!(redis.calls("evalsha") > 0, "decided in Redis");
+    assert!(redis.script_calls() > 0, "decided in Redis");
 }
 
 #[test]
@@ -84,17 +84,14 @@ fn every_shared_case_passes_on_redis_and_on_a_redis_cluster() {
     let redis = RedisServer::start();
     let single = conformance(&redis.url(), &[]);
     assert!(single.ends_with(" passed, 0 failed\n"), "{single}");
-    assert!(
-        redis.calls("evalsha") > 100,
-        "the cases really ran on Redis"
-    );
+    assert!(redis.script_calls() > 100, "the cases really ran on Redis");
 
     let cluster = RedisCluster::start();
     let spread = conformance(&cluster.url(), &[]);
     assert_eq!(single.lines().last(), spread.lines().last(), "{spread}");
     for node in &cluster.nodes {
         assert!(
-            node.calls("evalsha") > 0,
+            node.script_calls() > 0,
             "master {} took no script call",
             node.port
         );
@@ -405,7 +402,7 @@ async fn when_redis_dies_each_rule_answers_by_its_failure_mode_then_redis_is_use
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(
-        redis.calls("evalsha") > 0,
+        redis.script_calls() > 0,
         "decided by the restarted Redis (scripts loaded again)"
     );
 }
@@ -578,7 +575,7 @@ async fn serve_decides_on_a_redis_that_requires_tls() {
     }
     // fail_open would admit all three: the third is Redis's rejection.
     assert_eq!(statuses, [200, 200, 429]);
-    assert!(redis.calls("evalsha") >= 3, "decided in Redis");
+    assert!(redis.script_calls() >= 3, "decided in Redis");
     let metrics = server.get_text("/metrics").await;
     assert!(
         !metrics.contains("tollgate_store_errors_total{"),
@@ -621,7 +618,7 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
     let server = Server::start(&dir, &["--store", store.as_str(), "--redis-deadline", "2s"]).await;
     let client = reqwest::Client::new();
     let body = serde_json::json!({"domain": "login", "descriptors": [{"user": "mallory"}]});
-    let before = redis.calls("evalsha");
+    let before = redis.script_calls();
     let mut rejected = 0;
     for _ in 0..1_003 {
         let r = client
@@ -636,7 +633,7 @@ async fn a_hammered_key_is_rejected_locally_and_counted() {
         }
     }
     assert_eq!(rejected, 1_000);
-    let calls = redis.calls("evalsha") - before;
+    let calls = redis.script_calls() - before;
     assert!(
         calls <= 3 + 1 + rejected / 100,
         "{calls} Redis calls for {rejected} rejections"

@@ -51,11 +51,26 @@ fn two_threads() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A plain connection to `server` (for commands the store does not send).
+fn connection(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).unwrap();
+    rt.block_on(client.get_multiplexed_async_connection())
+        .unwrap()
+}
+
 static PREFIX: AtomicU64 = AtomicU64::new(0);
 
 /// A store on `url` taking the caller's time, with a long TTL slack (Redis must not
 /// expire keys by its own clock while the test's clock runs differently).
 fn caller_time_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
+    caller_time_store_with(rt, url, true)
+}
+
+/// [`caller_time_store`], calling the scripts as Redis Functions or not (`EVALSHA`).
+fn caller_time_store_with(rt: &tokio::runtime::Runtime, url: &str, functions: bool) -> RedisStore {
     let prefix = format!("t{}", PREFIX.fetch_add(1, Ordering::Relaxed));
     slow_machine_store(
         rt,
@@ -63,7 +78,8 @@ fn caller_time_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
             .prefix(prefix)
             .time_source(TimeSource::Caller)
             .ttl_slack(Duration::from_secs(3_600))
-            .blocked_cache(0),
+            .blocked_cache(0)
+            .functions(functions),
     )
 }
 
@@ -137,12 +153,13 @@ fn trace(limits: usize) -> impl Strategy<Value = Vec<Req>> {
 fn differential(
     rt: &tokio::runtime::Runtime,
     url: &str,
+    functions: bool,
     limits: &[Limit],
     reqs: &[Req],
 ) -> Result<(), TestCaseError> {
     // The same times in both: no monotonic clamp (the trace steps the clock back).
     let memory = MemoryStore::builder().monotonic(false).build();
-    let redis = caller_time_store(rt, url);
+    let redis = caller_time_store_with(rt, url, functions);
     let keys = ["alice", "b{o}b:_ é"];
     let mut now = T0;
     for (step, r) in reqs.iter().enumerate() {
@@ -178,16 +195,15 @@ fn differential(
     Ok(())
 }
 
-#[test]
-fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
-    let server = RedisServer::start();
+/// Runs `cases` random traces of limits computed at 1 ns (every window up to a day
+/// with burst x window / gcd(limit, window) below 2^51; coarser ticks are another
+/// test's) through [`differential`] on `server`, calling the scripts as functions or not.
+fn differential_traces(server: &RedisServer, functions: bool, cases: u32) {
     let rt = runtime();
     let mut runner = TestRunner::new(Config {
-        cases: 160,
+        cases,
         ..Config::default()
     });
-    // Limits the scripts compute at 1 ns (every window up to a day with burst x
-    // window / gcd(limit, window) below 2^51); coarser ticks are the next test's.
     let exact = limit().prop_filter("computed at 1 ns", |l| RedisStore::tick_for(l) == Some(1));
     let strategy = prop::collection::vec(exact, 1..4).prop_flat_map(|limits| {
         let n = limits.len();
@@ -195,9 +211,69 @@ fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
     });
     runner
         .run(&strategy, |(limits, reqs)| {
-            differential(&rt, &server.url(), &limits, &reqs)
+            differential(&rt, &server.url(), functions, &limits, &reqs)
         })
         .unwrap();
+}
+
+#[test]
+fn the_scripts_decide_exactly_what_the_in_memory_store_decides() {
+    let server = RedisServer::start();
+    differential_traces(&server, true, 160);
+    // Every call went through the function library (Redis 7): that path was tested.
+    assert!(server.calls("fcall") > 100, "decided by FCALL");
+    assert_eq!(server.calls("evalsha"), 0, "no call fell back to EVALSHA");
+}
+
+/// The same differential test through `EVALSHA` (the path for Redis 6, or an ACL that
+/// forbids functions): the same decisions.
+#[test]
+fn without_functions_the_scripts_decide_the_same_through_evalsha() {
+    let server = RedisServer::start();
+    differential_traces(&server, false, 48);
+    assert!(server.calls("evalsha") > 30, "decided by EVALSHA");
+    assert_eq!(
+        server.calls("fcall"),
+        0,
+        "functions(false) never calls FCALL"
+    );
+}
+
+/// The library of every set of algorithms loads (a library may reach no global but
+/// `redis` while it loads, which `EVAL` scripts never noticed), under its own name.
+#[test]
+fn every_algorithm_set_loads_as_a_function_library() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut conn = connection(&rt, &server);
+    let names = [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ];
+    let mut functions = std::collections::HashSet::new();
+    for mask in 1u8..64 {
+        let set: Vec<&str> = (0..6)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| names[i])
+            .collect();
+        let (function, library) = tollgate::store::script_library(&set).unwrap();
+        let loaded: String = rt
+            .block_on(
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&library)
+                    .query_async(&mut conn),
+            )
+            .unwrap_or_else(|e| panic!("{set:?}: {e}"));
+        assert_eq!(loaded, function, "{set:?}");
+        functions.insert(function);
+    }
+    assert_eq!(functions.len(), 63, "one function per set");
 }
 
 /// Runs a [`ScriptCall`] as the store would (`EVALSHA`, loading the script when Redis
@@ -229,10 +305,7 @@ fn run_call(
 fn batched_calls_decide_exactly_what_the_in_memory_store_decides() {
     let server = RedisServer::start();
     let rt = runtime();
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = rt
-        .block_on(client.get_multiplexed_async_connection())
-        .unwrap();
+    let conn = connection(&rt, &server);
     let mut runner = TestRunner::new(Config {
         cases: 120,
         ..Config::default()
@@ -349,7 +422,7 @@ fn lone_checks_take_the_fast_path_and_decide_the_same() {
     });
     runner
         .run(&(lone, one_check), |(limit, reqs)| {
-            differential(&rt, &server.url(), &[limit], &reqs)
+            differential(&rt, &server.url(), true, &[limit], &reqs)
         })
         .unwrap();
 }
@@ -433,38 +506,82 @@ fn gcra(limit: u64, window: Duration) -> Limit {
 }
 
 #[test]
-fn scripts_are_loaded_again_after_a_script_flush_and_a_restart() {
-    let mut server = RedisServer::start();
-    let rt = runtime();
-    let store = slow_machine_store(&rt, RedisStore::builder(server.url()));
-    let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        100,
-        Duration::from_secs(3_600),
-    )))
-    .unwrap();
-    let one = [Check::new(&l, "k", 1)];
-    assert!(rt.block_on(store.check(0, &one)).unwrap()[0].allowed);
-    assert!(command(server.port, "SCRIPT FLUSH")
-        .unwrap()
-        .starts_with("+OK"));
-    let d = rt.block_on(store.check(0, &one)).unwrap();
-    assert_eq!((d[0].allowed, d[0].remaining), (true, 98));
-    server.restart();
-    let start = std::time::Instant::now();
-    let back = loop {
-        if let Ok(d) = rt.block_on(store.check(0, &one)) {
-            break d;
+fn scripts_are_loaded_again_after_a_flush_and_a_restart() {
+    for functions in [true, false] {
+        let mut server = RedisServer::start();
+        let rt = runtime();
+        let store = slow_machine_store(&rt, RedisStore::builder(server.url()).functions(functions));
+        let l = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            100,
+            Duration::from_secs(3_600),
+        )))
+        .unwrap();
+        let one = [Check::new(&l, "k", 1)];
+        assert!(rt.block_on(store.check(0, &one)).unwrap()[0].allowed);
+        let flush = if functions {
+            "FUNCTION FLUSH"
+        } else {
+            "SCRIPT FLUSH"
+        };
+        assert!(command(server.port, flush).unwrap().starts_with("+OK"));
+        let d = rt.block_on(store.check(0, &one)).unwrap();
+        assert_eq!((d[0].allowed, d[0].remaining), (true, 98), "{flush}");
+        if functions {
+            // Loaded on the first call, then again after the flush.
+            assert_eq!(server.calls("function|load"), 2);
+            assert_eq!(server.calls("evalsha"), 0);
+        } else {
+            assert_eq!(server.calls("fcall"), 0);
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "Redis not used again within 10 s"
+        server.restart();
+        let start = std::time::Instant::now();
+        let back = loop {
+            if let Ok(d) = rt.block_on(store.check(0, &one)) {
+                break d;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "Redis not used again within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(
+            back[0].remaining, 99,
+            "a restarted, empty Redis starts the key over"
         );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(
-        back[0].remaining, 99,
-        "a restarted, empty Redis starts the key over"
-    );
+        let used = if functions { "fcall" } else { "evalsha" };
+        assert!(server.calls(used) >= 1, "after the restart: {used}");
+    }
+}
+
+/// A Redis whose ACL forbids functions for our user: the store notices on its first
+/// call, turns to `EVALSHA` for good, and decides exactly as before.
+#[test]
+fn an_acl_that_forbids_functions_turns_the_store_to_evalsha() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let reply = command(
+        server.port,
+        "ACL SETUSER nofn on >secret ~* &* +@all -fcall -fcall_ro -function",
+    )
+    .unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let url = format!("redis://nofn:secret@127.0.0.1:{}", server.port);
+    let store = slow_machine_store(&rt, RedisStore::builder(url).blocked_cache(0));
+    let l = fixed(3, Duration::from_secs(3_600));
+    let remaining: Vec<(bool, u64)> = (0..4)
+        .map(|_| {
+            let d = rt
+                .block_on(store.check(0, &[Check::new(&l, "k", 1)]))
+                .unwrap();
+            (d[0].allowed, d[0].remaining)
+        })
+        .collect();
+    assert_eq!(remaining, [(true, 2), (true, 1), (true, 0), (false, 0)]);
+    // (The first EVALSHA also counts its NOSCRIPT before redis-rs loads the script.)
+    assert!(server.calls("evalsha") >= 4, "every decision by EVALSHA");
+    assert_eq!(server.calls("fcall"), 0, "FCALL was refused, not run");
+    assert_eq!(store.stats().errors, 0, "the refusal is no failure");
 }
 
 #[test]
@@ -605,7 +722,7 @@ fn a_hammered_blocked_key_costs_redis_almost_nothing() {
     .unwrap();
     let one = [Check::new(&l, "hammered", 1)];
     let mut rejected = 0u64;
-    let before = server.calls("evalsha");
+    let before = server.script_calls();
     for _ in 0..10_010 {
         let d = rt.block_on(store.check(T0, &one)).unwrap();
         if !d[0].allowed {
@@ -613,7 +730,7 @@ fn a_hammered_blocked_key_costs_redis_almost_nothing() {
             assert!(d[0].retry_after > 0);
         }
     }
-    let calls = server.calls("evalsha") - before;
+    let calls = server.script_calls() - before;
     assert_eq!(rejected, 10_000);
     // 10 admitted + the first rejection reach Redis; the rest are answered locally.
     assert!(
@@ -976,7 +1093,7 @@ fn over_tls_the_store_decides_and_trusts_only_its_ca() {
     let remaining: Vec<u64> = (0..3).map(|_| ask(&good).unwrap()[0].remaining).collect();
     assert_eq!(remaining, [2, 1, 0]);
     assert!(!ask(&good).unwrap()[0].allowed);
-    let calls = server.calls("evalsha");
+    let calls = server.script_calls();
     assert!(calls >= 4, "decided in Redis");
 
     for (ca, client, what) in [
@@ -991,7 +1108,7 @@ fn over_tls_the_store_decides_and_trusts_only_its_ca() {
         );
     }
     assert_eq!(
-        server.calls("evalsha"),
+        server.script_calls(),
         calls,
         "the failed stores decided nothing"
     );
@@ -1224,10 +1341,7 @@ fn a_request_the_script_fails_on_fails_alone_and_does_not_trip_the_breaker() {
 fn in_a_batch_a_key_of_another_type_fails_its_request_alone_and_is_kept() {
     let server = RedisServer::start();
     let rt = runtime();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = rt
-        .block_on(client.get_multiplexed_async_connection())
-        .unwrap();
+    let mut conn = connection(&rt, &server);
     let hour = Duration::from_secs(3_600);
     let limits = [
         fixed(10, hour),
@@ -1343,10 +1457,7 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
         vec![Check::new(&lone, "a", 1)],  // the 6th on "a": over
     ];
     requests.extend(tail.iter().map(|k| vec![Check::new(&lone, k, 1)]));
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = rt
-        .block_on(client.get_multiplexed_async_connection())
-        .unwrap();
+    let mut conn = connection(&rt, &server);
     let mut call = |prefix: &str, batch: &[Vec<Check<'_>>]| -> Vec<i64> {
         let call = ScriptCall::batch(
             prefix,

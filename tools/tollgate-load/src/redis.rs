@@ -1,7 +1,9 @@
 //! `redis` mode: Redis's ceiling for Tollgate's script. Sends the exact script call a
 //! `RedisStore` makes for a request alone in its batch (one `fixed_window` check per
 //! request, Redis `TIME`), over one connection per concurrent request, as
-//! `redis-benchmark -c N` does. (`redis-benchmark` itself cannot send the call: its
+//! `redis-benchmark -c N` does. Like the store, it calls the script as a Redis
+//! Functions library (`FUNCTION LOAD` once, then `FCALL`), or with `EVALSHA` where
+//! Redis refuses the library (Redis 6, an ACL). (`redis-benchmark` itself cannot send the call: its
 //! packed argument holds NUL bytes, which no command-line argument can.)
 
 use std::time::Duration;
@@ -16,7 +18,8 @@ use crate::engine::{Outcome, Target};
 /// Connections to one Redis and the prepared calls, one per key.
 pub struct RedisTarget {
     connections: Vec<MultiplexedConnection>,
-    script: Script,
+    /// `None` when the library was loaded: calls go by `FCALL`.
+    script: Option<Script>,
     calls: Vec<ScriptCall>,
 }
 
@@ -55,7 +58,19 @@ impl RedisTarget {
             let check = Check::new(&limit, &key, 1);
             calls.push(ScriptCall::new("bench", &[check]).map_err(|e| e.to_string())?);
         }
-        let script = Script::new(&calls[0].source);
+        let loaded = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&calls[0].library)
+            .query_async::<redis::Value>(&mut conns[0])
+            .await;
+        let script = match loaded {
+            Ok(_) => None,
+            Err(e) => {
+                eprintln!("tollgate-load: Redis refused the function library ({e}); using EVALSHA");
+                Some(Script::new(&calls[0].source))
+            }
+        };
         Ok(Self {
             connections: conns,
             script,
@@ -68,14 +83,30 @@ impl Target for RedisTarget {
     async fn call(&self, seq: u64) -> Outcome {
         let call = &self.calls[(seq % self.calls.len() as u64) as usize];
         let mut conn = self.connections[(seq % self.connections.len() as u64) as usize].clone();
-        let mut invocation = self.script.prepare_invoke();
-        for k in &call.keys {
-            invocation.key(k);
-        }
-        for a in &call.args {
-            invocation.arg(a.as_slice());
-        }
-        match invocation.invoke_async::<Vec<u8>>(&mut conn).await {
+        let reply = match &self.script {
+            None => {
+                let mut fcall = redis::cmd("FCALL");
+                fcall.arg(&call.function).arg(call.keys.len());
+                for k in &call.keys {
+                    fcall.arg(k);
+                }
+                for a in &call.args {
+                    fcall.arg(a.as_slice());
+                }
+                fcall.query_async::<Vec<u8>>(&mut conn).await
+            }
+            Some(script) => {
+                let mut invocation = script.prepare_invoke();
+                for k in &call.keys {
+                    invocation.key(k);
+                }
+                for a in &call.args {
+                    invocation.arg(a.as_slice());
+                }
+                invocation.invoke_async::<Vec<u8>>(&mut conn).await
+            }
+        };
+        match reply {
             Ok(reply) => match ScriptCall::answers(&reply)
                 .as_deref()
                 .and_then(|v| v.first())

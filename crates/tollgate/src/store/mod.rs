@@ -19,7 +19,8 @@ pub(crate) use memory::Fingerprint;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
-    script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, RedisTls, ScriptCall, TimeSource,
+    script_library, script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, RedisTls,
+    ScriptCall, TimeSource,
 };
 
 use crate::algorithm::Limit;

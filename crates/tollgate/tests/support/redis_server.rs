@@ -329,6 +329,12 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Script calls this server ran: `FCALL` (the store's default on Redis 7) and
+    /// `EVALSHA` (without functions).
+    pub fn script_calls(&self) -> u64 {
+        self.calls("fcall") + self.calls("evalsha")
+    }
+
     /// Keys in this server's keyspace.
     pub fn dbsize(&self) -> u64 {
         let reply = command(self.port, "DBSIZE").expect("DBSIZE");

@@ -5,9 +5,16 @@
 //! Each algorithm's Lua lives in its own file under `lua/`, mirroring its Rust file
 //! under `algorithm/`. A request whose checks all use one algorithm (the usual case)
 //! runs that algorithm's script; a request mixing algorithms runs a script holding
-//! just those, so that it stays one atomic call. Scripts are built and hashed once
-//! and called with `EVALSHA`; redis-rs loads a script again when Redis answers
-//! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+//! just those, so that it stays one atomic call. Scripts are built and hashed once.
+//!
+//! Each script exists in two forms from the same Lua: an `EVAL` script (`source`),
+//! whose whole chunk runs on every call, and a Redis Functions library (`library`,
+//! Redis 7 and later), which defines the prelude, the algorithms and the general path
+//! once, when it is loaded, and registers the per-call code (`lua/call.lua`) as one
+//! function. The store calls the function with `FCALL` and loads the library again
+//! when Redis answers that the function is missing (after a restart, a failover or
+//! `FUNCTION FLUSH`); where Redis has no functions (or its ACL forbids them) it uses
+//! `EVALSHA`, and redis-rs loads the script again on `NOSCRIPT`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
@@ -20,6 +27,7 @@ use crate::store::Check;
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const DRIVER: &str = include_str!("lua/driver.lua");
+const CALL: &str = include_str!("lua/call.lua");
 /// Per algorithm code (1-based): its Lua.
 const MODULES: [&str; 6] = [
     include_str!("lua/fixed_window.lua"),
@@ -39,7 +47,21 @@ const LUA_MAX: u64 = 1 << 51;
 
 /// The scripts, built on first use: one per set of algorithms.
 pub(crate) struct Scripts {
-    by_set: [OnceLock<Script>; 64],
+    by_set: [OnceLock<Built>; 64],
+}
+
+/// One set of algorithms' script in both forms.
+pub(crate) struct Built {
+    /// The `EVAL` form's source.
+    pub source: String,
+    /// The `EVAL` form (called with `EVALSHA`).
+    pub script: Script,
+    /// The name of the library and of its one function: `tollgate_` and the `EVAL`
+    /// form's SHA-1, so that two versions of Tollgate sharing a Redis never replace
+    /// each other's functions.
+    pub function: String,
+    /// The library's source, for `FUNCTION LOAD`.
+    pub library: String,
 }
 
 impl Default for Scripts {
@@ -52,14 +74,48 @@ impl Default for Scripts {
 
 impl Scripts {
     /// The script for the set of algorithm codes `mask` (bit `code - 1`).
-    pub fn get(&self, mask: u8) -> &Script {
+    pub fn get(&self, mask: u8) -> &Built {
         let mask = mask & 63;
-        self.by_set[mask as usize].get_or_init(|| Script::new(&source(mask)))
+        self.by_set[mask as usize].get_or_init(|| Built::new(mask))
     }
 }
 
-/// The Lua source for a set of algorithms.
+impl Built {
+    /// Both forms of the script for the set of algorithm codes `mask`.
+    pub fn new(mask: u8) -> Self {
+        let source = source(mask);
+        let script = Script::new(&source);
+        let function = format!("tollgate_{}", script.get_hash());
+        let library = library(mask, &function);
+        Self {
+            source,
+            script,
+            function,
+            library,
+        }
+    }
+}
+
+/// The Lua source for a set of algorithms, as one `EVAL` script.
 pub(crate) fn source(mask: u8) -> String {
+    let mut src = definitions(mask);
+    src.push_str(CALL);
+    src
+}
+
+/// The same Lua as a Redis Functions library named `name`, registering one function
+/// of that name (called as `FCALL name numkeys keys... args...`).
+pub(crate) fn library(mask: u8, name: &str) -> String {
+    let mut src = format!("#!lua name={name}\n");
+    src.push_str(&definitions(mask));
+    src.push_str("local function call(KEYS, ARGV)\n");
+    src.push_str(CALL);
+    src.push_str(&format!("end\nredis.register_function('{name}', call)\n"));
+    src
+}
+
+/// The prelude, the algorithms in `mask` and the general path: definitions only.
+fn definitions(mask: u8) -> String {
     let mut src = String::from(PRELUDE);
     for (i, module) in MODULES.iter().enumerate() {
         if mask & (1 << i) != 0 {
@@ -395,6 +451,24 @@ mod tests {
         let two = source(0b10001);
         assert!(two.contains("ALG[5]") && two.contains("ALG[1]"));
         let s = Scripts::default();
-        assert_ne!(s.get(0b10000).get_hash(), s.get(0b10001).get_hash());
+        assert_ne!(
+            s.get(0b10000).script.get_hash(),
+            s.get(0b10001).script.get_hash()
+        );
+        // The library form: named after the EVAL form's hash, the same Lua around one
+        // registered function.
+        let built = s.get(0b10001);
+        assert_eq!(
+            built.function,
+            format!("tollgate_{}", built.script.get_hash())
+        );
+        assert_ne!(built.function, s.get(0b10000).function);
+        let first = built.library.lines().next().unwrap_or_default();
+        assert_eq!(first, format!("#!lua name={}", built.function));
+        assert!(built.library.contains("ALG[5]") && built.library.contains("ALG[1]"));
+        assert!(built.library.ends_with(&format!(
+            "redis.register_function('{}', call)\n",
+            built.function
+        )));
     }
 }

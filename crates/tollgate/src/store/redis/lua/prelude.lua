@@ -5,12 +5,13 @@
 -- stays under 2^52 ticks, so that these scripts decide exactly what the pure Rust
 -- algorithms decide. Instants are kept as (seconds, ticks within the second): an
 -- absolute time in nanoseconds (about 1.7e18) would not fit in a double.
-local floor = math.floor
-local format = string.format
+-- No global (math, string, struct, redis) is read outside a function: Redis Functions
+-- load a library where only `redis.register_function` may be reached.
 local NEVER = -1
 local TWO53 = 9007199254740992
--- Set by the driver: extra milliseconds on every TTL, the charges to take back, and
--- the sliding log's hooks (when the script includes it).
+-- Set per call (call.lua) and by the general path (driver.lua): extra milliseconds on
+-- every TTL, the charges to take back, and the sliding log's hooks (when the script
+-- includes it).
 local SLACK_MS = 0
 local UNDO = {}
 local ALG = {}
@@ -143,7 +144,7 @@ local function ns_of(c, ticks) return ticks * c.tick end
 local LAST_MS, LAST_PX = -1, '0'
 local function px(ms)
   if ms ~= LAST_MS then
-    LAST_MS, LAST_PX = ms, format('%d', ms)
+    LAST_MS, LAST_PX = ms, string.format('%d', ms)
   end
   return LAST_PX
 end

@@ -1,0 +1,183 @@
+-- Decides a batch of requests, one after another (each all or nothing on its own).
+-- ARGV: TTL slack in ms, the number of requests, the index (per request, two little-
+-- endian bytes: which of the arguments that follow is the request's, 0 for the first,
+-- plus 32768 when a key of the request is a key of an earlier request: see PRE below),
+-- then each distinct request once (requests of the same bytes share one, as requests of
+-- one limit and cost under Redis TIME do: Redis spends about 2,000 instructions per
+-- argument):
+-- little-endian doubles (exact integers), packed so that the script reads them with one
+-- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
+-- per batch; 1: the next two; +2: the request is already rejected), now seconds, now nanoseconds, the number of checks,
+-- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
+-- window / gcd, cost, shadow, lockout (ticks), queue.
+-- KEYS, request after request: per check its state key, then its log meta key
+-- (sliding log), then its lockout key (when it has a lockout).
+-- Returns one string: per check, little-endian doubles (exact integers), all times in
+-- the check's ticks: either -1 and five numbers, allowed (1, 0, or -2 when the script
+-- failed on this request), remaining, reset_after, retry_after (-1: never) and delay; or,
+-- for a check admitted with no retry and no delay (most answers), just remaining (never
+-- negative) and reset_after. (Redis turned each integer of a table into its reply for
+-- about 1,000 instructions; one struct.pack per check and a table.concat cost less:
+-- tools/bench-lua.sh, 29,600 -> 28,100 per decision. struct.pack costs Redis about 480
+-- instructions per number: the short form saves about 1,400 per admitted check.)
+-- All or nothing, as the in-memory store: if a check not in shadow mode is rejected,
+-- every charge made by its request is taken back (lockouts stay), and the request's
+-- admitted checks are decided again without charging.
+-- A request of one check without lockout, not already rejected (most requests), goes
+-- to its algorithm's ALONE function when it has one: the same decision and the same
+-- state written, without the check table, the undo log and the calls between
+-- (tools/bench-lua.sh when ALONE came: 67,000-74,000 instructions of Redis per decision
+-- on the general path, 32,000-56,000 on ALONE; now 24,100-50,200 on ALONE, where a
+-- script doing nothing but GET and SET ... PX, called and answering the same way,
+-- costs 29,300). The sliding log has no ALONE. Under Redis TIME the requests of one
+-- limit and cost are the same argument, so a lone request's unpacked arguments are kept
+-- for the rest of the call (LONE below; 32,900 -> 29,600 per decision).
+
+-- The code run on every call (under EVAL the whole chunk runs per call; under Redis
+-- Functions this is the registered function's body, and what is above it was made once
+-- when the library loaded).
+SLACK_MS = tonumber(ARGV[1])
+local requests = tonumber(ARGV[2])
+local INDEX = ARGV[3]
+local byte = string.byte
+local TIME_S, TIME_N
+
+-- Every key's value, read with one MGET before the first request when the call holds
+-- more than one request (a GET per lone check cost Redis about 2,900 instructions; a
+-- key more in an MGET about 200). MGET answers false for a key that is missing or holds
+-- another type; the fast paths write such a key only if it is still missing (SET NX),
+-- so someone else's value is never overwritten. A request whose index entry has its
+-- top bit set shares a key with an earlier request, whose write the value read here
+-- predates: its fast path reads the key again. The general path always reads.
+local PRE = nil
+if requests > 1 then
+  local n = #KEYS
+  if n <= 1000 then
+    PRE = redis.call('MGET', unpack(KEYS))
+  else
+    -- unpack's results live on Lua's stack, which holds about 8,000.
+    PRE = {}
+    for i = 1, n, 1000 do
+      local j = i + 999
+      if j > n then j = n end
+      local part = redis.call('MGET', unpack(KEYS, i, j))
+      for k = 1, #part do PRE[i + k - 1] = part[k] end
+    end
+  end
+end
+
+-- The answers, one string of little-endian doubles per check (see the top: two for a
+-- plain admission, six otherwise): Redis turns a string into its reply for far less
+-- than five integers.
+local out, o, key = {}, 0, 1
+local unpack, pack = struct.unpack, struct.pack
+-- The arguments of a lone check's ALONE call, by its request's argument: under Redis
+-- TIME the same argument (the same limit and cost) makes the same call for the whole
+-- batch, so each distinct request is unpacked once per script call, not once per request.
+local LONE = {}
+for q = 1, requests do
+  local lo, hi = byte(INDEX, 2 * q - 1, 2 * q)
+  local reread = hi >= 128
+  if reread then hi = hi - 128 end
+  local arg = 4 + lo + 256 * hi
+  local blob = ARGV[arg]
+  local lone = LONE[arg]
+  local mode, NS, NN, count, pos, forced
+  if not lone then
+    mode, NS, NN, count, pos = unpack('<dddd', blob)
+    -- Mode +2: the request is already rejected (by the caller's blocked-key cache): its
+    -- checks are decided and then taken back, as if one more check had been rejected.
+    forced = mode >= 2
+    if forced then mode = mode - 2 end
+    if mode == 0 then
+      if not TIME_S then
+        local t = redis.call('TIME')
+        TIME_S, TIME_N = tonumber(t[1]), tonumber(t[2]) * 1000
+      end
+      NS, NN = TIME_S, TIME_N
+    end
+    -- A lone check with a fast path (ALONE) takes it: no tables, no undo log.
+    if count == 1 and not forced then
+      local alg, tick, limit, window, burst, r, wr, cost, _, lockout, queue =
+        unpack('<ddddddddddd', blob, pos)
+      local alone = lockout == 0 and ALONE[alg]
+      if alone then
+        lone = { alone, tick, limit, window, burst, r, wr, cost, queue == 1, NS,
+          (NN - NN % tick) / tick, 1000000000 / tick }
+        if mode == 0 then LONE[arg] = lone end
+      end
+    end
+  end
+  if lone then
+    -- nil: not read yet (the fast path reads it).
+    local raw = nil
+    if PRE and not reread then raw = PRE[key] end
+    local ok, a, b, c, d, e = pcall(lone[1], KEYS[key], raw, lone[2], lone[3], lone[4], lone[5],
+      lone[6], lone[7], lone[8], lone[9], lone[10], lone[11], lone[12])
+    if not ok then
+      if type(a) == 'table' then a = a.err end
+      redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(a))
+      a, b, c, d, e = -2, 0, 0, 0, 0
+    end
+    o = o + 1
+    if a == 1 and d == 0 and e == 0 then
+      out[o] = pack('<dd', b, c)
+    else
+      out[o] = pack('<dddddd', -1, a, b, c, d, e)
+    end
+    key = key + 1
+  end
+  if not lone then
+    local checks = {}
+    for i = 1, count do
+      local alg, tick, limit, window, burst, r, wr, cost, shadow, lockout, queue, after =
+        unpack('<ddddddddddd', blob, pos)
+      pos = after
+      local c = {
+        alg = alg,
+        tick = tick,
+        limit = limit,
+        window = window,
+        burst = burst,
+        r = r,
+        wr = wr,
+        cost = cost,
+        shadow = shadow == 1,
+        lockout = lockout,
+        queue = queue == 1,
+        ns = NS,
+        nn = (NN - NN % tick) / tick,
+        tps = 1000000000 / tick,
+        key = KEYS[key],
+      }
+      key = key + 1
+      if alg == 3 then
+        c.meta = KEYS[key]
+        key = key + 1
+      end
+      if lockout > 0 then
+        c.lock = KEYS[key]
+        key = key + 1
+      end
+      checks[i] = c
+    end
+
+    local ok, decisions = pcall(decide_request, checks, count, forced)
+    if not ok then
+      -- One request's failure (a key of the wrong type, say) fails that request
+      -- alone: its charges are taken back and it answers -2; the batch goes on.
+      pcall(undo_all)
+      local e = decisions
+      if type(e) == 'table' then e = e.err end
+      redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(e))
+      decisions = {}
+      for i = 1, count do decisions[i] = { -2, 0, 0, 0, 0 } end
+    end
+    for i = 1, count do
+      local d = decisions[i]
+      o = o + 1
+      out[o] = pack('<dddddd', -1, d[1], d[2], d[3], d[4], d[5])
+    end
+  end
+end
+return table.concat(out)
