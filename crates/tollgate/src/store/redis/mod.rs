@@ -882,14 +882,31 @@ async fn call_function(
         .await;
     match loaded {
         Ok(_) => Some(fcall.query_async::<Vec<u8>>(conn).await),
-        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => Some(Err(e)),
-        Err(e) => {
-            // Not a transport failure: Redis refused the library (an ACL, no
-            // functions, or a library it cannot load). EVALSHA still works.
+        // Redis refused the library itself (no FUNCTION, an ACL, or a library it
+        // cannot compile): EVALSHA still works.
+        Err(e) if functions_unusable(&e) || library_refused(&e) => {
             give_up_functions(shared, &e);
             None
         }
+        // Anything else (a transport failure, a cluster in flux, Redis still loading
+        // its data) fails this call only; the next one tries again.
+        Err(e) => Some(Err(e)),
     }
+}
+
+/// Whether `FUNCTION LOAD` failed on the library's code (Redis answers "Error
+/// registering functions" or "Error compiling function"): a fault of this build that a
+/// retry cannot mend.
+fn library_refused(e: &redis::RedisError) -> bool {
+    refused_code(e.code(), e.detail())
+}
+
+/// [`library_refused`] on an error's code and text.
+fn refused_code(code: Option<&str>, detail: Option<&str>) -> bool {
+    code == Some("ERR")
+        && detail.is_some_and(|d| {
+            d.starts_with("Error registering functions") || d.starts_with("Error compiling")
+        })
 }
 
 /// Whether Redis answered that the called function does not exist.
@@ -1131,5 +1148,19 @@ mod tests {
         );
         assert_eq!(refusal(Some("BUSY"), Some("Redis is busy")), Refusal::Other);
         assert_eq!(refusal(None, None), Refusal::Other);
+        // FUNCTION LOAD's answers to a library Redis cannot take (as Redis 7.0 words
+        // them), against one it may take later (still loading its data).
+        assert!(refused_code(
+            Some("ERR"),
+            Some("Error registering functions: ERR user_function:2: Script attempted to access nonexistent global variable 'math'")
+        ));
+        assert!(refused_code(
+            Some("ERR"),
+            Some("Error compiling function: user_function:2: <name> expected")
+        ));
+        assert!(!refused_code(
+            Some("LOADING"),
+            Some("Redis is loading the dataset in memory")
+        ));
     }
 }
