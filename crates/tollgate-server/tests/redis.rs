@@ -115,14 +115,7 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let dir = tempdir("redis-exact");
     let mut rules = String::from("domain: exact\ndescriptors:\n");
-    for alg in [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ] {
+    for alg in tollgate::store::SCRIPT_ALGORITHMS {
         rules.push_str(&format!(
             "  - key: alg\n    value: {alg}\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: {alg}}}\n"
         ));
@@ -144,14 +137,7 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
         servers.push(Server::start(&dir, &args).await);
     }
     let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
-    for alg in [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ] {
+    for alg in tollgate::store::SCRIPT_ALGORITHMS {
         support::minute::away_from_a_minute_boundary(20);
         let sent = Arc::new(AtomicU64::new(0));
         let admitted = Arc::new(AtomicU64::new(0));

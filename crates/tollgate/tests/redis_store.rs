@@ -246,14 +246,7 @@ fn every_algorithm_set_loads_as_a_function_library() {
     let server = RedisServer::start();
     let rt = runtime();
     let mut conn = connection(&rt, &server);
-    let names = [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ];
+    let names = tollgate::store::SCRIPT_ALGORITHMS;
     let mut functions = std::collections::HashSet::new();
     for mask in 1u8..64 {
         let set: Vec<&str> = (0..6)

@@ -20,7 +20,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
     script_library, script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, RedisTls,
-    ScriptCall, TimeSource,
+    ScriptCall, TimeSource, SCRIPT_ALGORITHMS,
 };
 
 use crate::algorithm::Limit;

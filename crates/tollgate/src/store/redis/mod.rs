@@ -336,16 +336,20 @@ pub fn script_library(algorithms: &[&str]) -> Result<(String, String), String> {
     Ok((built.function, built.library))
 }
 
+/// The algorithms the scripts implement, as rule files name them, in the order of their
+/// codes in the scripts: what [`script_source`] and [`script_library`] accept.
+pub const SCRIPT_ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
 /// The set of algorithm codes (bit `code - 1`) of these rule-file names.
 fn algorithm_mask(algorithms: &[&str]) -> Result<u8, String> {
-    const NAMES: [&str; 6] = [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ];
+    const NAMES: [&str; 6] = SCRIPT_ALGORITHMS;
     let mut mask = 0u8;
     for name in algorithms {
         match NAMES.iter().position(|n| n == name) {
