@@ -547,19 +547,10 @@ fn scripts_are_loaded_again_after_a_flush_and_a_restart() {
     }
 }
 
-/// A Redis whose ACL forbids functions for our user: the store notices on its first
-/// call, turns to `EVALSHA` for good, and decides exactly as before.
-#[test]
-fn an_acl_that_forbids_functions_turns_the_store_to_evalsha() {
-    let server = RedisServer::start();
+/// A store on `url` (a Redis that cannot run functions for it) notices on its first
+/// call, turns to `EVALSHA` for good, and decides exactly as before, with no failure.
+fn decides_through_evalsha(server: &RedisServer, url: String) {
     let rt = runtime();
-    let reply = command(
-        server.port,
-        "ACL SETUSER nofn on >secret ~* &* +@all -fcall -fcall_ro -function",
-    )
-    .unwrap();
-    assert!(reply.starts_with("+OK"), "{reply}");
-    let url = format!("redis://nofn:secret@127.0.0.1:{}", server.port);
     let store = slow_machine_store(&rt, RedisStore::builder(url).blocked_cache(0));
     let l = fixed(3, Duration::from_secs(3_600));
     let remaining: Vec<(bool, u64)> = (0..4)
@@ -575,6 +566,37 @@ fn an_acl_that_forbids_functions_turns_the_store_to_evalsha() {
     assert!(server.calls("evalsha") >= 4, "every decision by EVALSHA");
     assert_eq!(server.calls("fcall"), 0, "FCALL was refused, not run");
     assert_eq!(store.stats().errors, 0, "the refusal is no failure");
+}
+
+/// A Redis whose ACL forbids functions for our user (`NOPERM`).
+#[test]
+fn an_acl_that_forbids_functions_turns_the_store_to_evalsha() {
+    let server = RedisServer::start();
+    let reply = command(
+        server.port,
+        "ACL SETUSER nofn on >secret ~* &* +@all -fcall -fcall_ro -function",
+    )
+    .unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    decides_through_evalsha(
+        &server,
+        format!("redis://nofn:secret@127.0.0.1:{}", server.port),
+    );
+}
+
+/// A Redis without functions, as Redis 6 is (`FCALL` and `FUNCTION` renamed away:
+/// "unknown command").
+#[test]
+fn a_redis_without_functions_turns_the_store_to_evalsha() {
+    let server = RedisServer::start_with_args(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ]);
+    decides_through_evalsha(&server, server.url());
 }
 
 #[test]

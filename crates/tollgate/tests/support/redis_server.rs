@@ -17,6 +17,8 @@ pub struct RedisServer {
     cluster: bool,
     /// The TLS port and how clients are checked on it, when it serves TLS too.
     tls: Option<(u16, TlsFiles, &'static str)>,
+    /// More `redis-server` arguments (kept for restarts).
+    extra: Vec<String>,
 }
 
 /// A test CA, a server certificate for `localhost` and 127.0.0.1, a client certificate,
@@ -175,14 +177,20 @@ pub fn command(port: u16, line: &str) -> std::io::Result<String> {
 impl RedisServer {
     /// Starts a plain Redis.
     pub fn start() -> Self {
-        Self::spawn(false, &[], None)
+        Self::spawn(false, &[], None, &[])
+    }
+
+    /// Starts a plain Redis with more `redis-server` arguments (configuration
+    /// directives, e.g. `--rename-command FCALL ""` to act as a Redis without it).
+    pub fn start_with_args(args: &[&str]) -> Self {
+        Self::spawn(false, &[], None, args)
     }
 
     /// Starts a Redis that also serves TLS with `files`' server certificate, checking
     /// clients against `files`' CA: `auth_clients` is Redis's `tls-auth-clients` (`yes`:
     /// a client must present a certificate; `no`: none is asked for).
     pub fn start_tls(files: &TlsFiles, auth_clients: &'static str) -> Self {
-        Self::spawn(false, &[], Some((files.clone(), auth_clients)))
+        Self::spawn(false, &[], Some((files.clone(), auth_clients)), &[])
     }
 
     /// `rediss://127.0.0.1:TLS_PORT` (panics if this Redis serves no TLS).
@@ -194,7 +202,12 @@ impl RedisServer {
     /// Starts a Redis on a free port other than `avoid`. A port found free can be
     /// taken before Redis binds it (another test's client may get it as its local
     /// port), so a Redis that exits at start is tried again on a new port.
-    fn spawn(cluster: bool, avoid: &[u16], tls: Option<(TlsFiles, &'static str)>) -> Self {
+    fn spawn(
+        cluster: bool,
+        avoid: &[u16],
+        tls: Option<(TlsFiles, &'static str)>,
+        extra: &[&str],
+    ) -> Self {
         require("redis-server");
         let mut failures = Vec::new();
         for _ in 0..5 {
@@ -213,6 +226,7 @@ impl RedisServer {
                 dir,
                 cluster,
                 tls: tls.clone().map(|(files, auth)| (free_port(), files, auth)),
+                extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             };
             match server.launch() {
                 Ok(()) => return server,
@@ -232,6 +246,7 @@ impl RedisServer {
             .args(["--loglevel", "warning", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(out)
             .stderr(Stdio::null());
         if let Some((port, files, auth)) = &self.tls {
@@ -372,7 +387,7 @@ impl RedisCluster {
         let mut nodes: Vec<RedisServer> = Vec::new();
         while nodes.len() < 3 {
             let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-            nodes.push(RedisServer::spawn(true, &taken, tls.clone()));
+            nodes.push(RedisServer::spawn(true, &taken, tls.clone(), &[]));
         }
         let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
