@@ -37,6 +37,7 @@
 -- Functions this is the registered function's body, and what is above it was made once
 -- when the library loaded).
 SLACK_MS = tonumber(ARGV[1])
+CALL, PACK, UNPACK = redis.call, struct.pack, struct.unpack
 local requests = tonumber(ARGV[2])
 local INDEX = ARGV[3]
 local byte = string.byte
@@ -70,10 +71,11 @@ end
 -- plain admission, six otherwise): Redis turns a string into its reply for far less
 -- than five integers.
 local out, o, key = {}, 0, 1
-local unpack, pack = struct.unpack, struct.pack
--- The arguments of a lone check's ALONE call, by its request's argument: under Redis
--- TIME the same argument (the same limit and cost) makes the same call for the whole
--- batch, so each distinct request is unpacked once per script call, not once per request.
+local unpack, pack = UNPACK, PACK
+-- The function deciding a lone check (made by its algorithm's ALONE), by its request's
+-- argument: under Redis TIME the same argument (the same limit and cost) decides the
+-- same way for the whole batch, so each distinct request is unpacked and its function
+-- made once per script call, not once per request.
 local LONE = {}
 for q = 1, requests do
   local lo, hi = byte(INDEX, 2 * q - 1, 2 * q)
@@ -102,8 +104,8 @@ for q = 1, requests do
         unpack('<ddddddddddd', blob, pos)
       local alone = lockout == 0 and ALONE[alg]
       if alone then
-        lone = { alone, tick, limit, window, burst, r, wr, cost, queue == 1, NS,
-          (NN - NN % tick) / tick, 1000000000 / tick }
+        lone = alone(tick, limit, window, burst, r, wr, cost, queue == 1, NS,
+          (NN - NN % tick) / tick, 1000000000 / tick)
         if mode == 0 then LONE[arg] = lone end
       end
     end
@@ -112,8 +114,7 @@ for q = 1, requests do
     -- nil: not read yet (the fast path reads it).
     local raw = nil
     if PRE and not reread then raw = PRE[key] end
-    local ok, a, b, c, d, e = pcall(lone[1], KEYS[key], raw, lone[2], lone[3], lone[4], lone[5],
-      lone[6], lone[7], lone[8], lone[9], lone[10], lone[11], lone[12])
+    local ok, a, b, c, d, e = pcall(lone, KEYS[key], raw)
     if not ok then
       if type(a) == 'table' then a = a.err end
       redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(a))

@@ -8,18 +8,18 @@ local saved = {}
 
 local function unpack_state(c, raw)
   if not raw then return { 0, 0, 0, 0 } end
-  local s, n, a, b = struct.unpack('dddd', raw)
+  local s, n, a, b = UNPACK('dddd', raw)
   return { s, ticks_of(c, n), a, b }
 end
 
 local function put_state(c, st)
   local ttl = ttl_ms(c, st[1], st[2])
-  redis.call('SET', c.key, struct.pack('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', px(ttl))
+  CALL('SET', c.key, PACK('dddd', st[1], ns_of(c, st[2]), st[3], st[4]), 'PX', px(ttl))
 end
 
 local function run(c, cost)
   if c.alg == 3 then return LOG_CHECK(c, cost) end
-  local raw = redis.call('GET', c.key)
+  local raw = CALL('GET', c.key)
   local d, new = ALG[c.alg](c, unpack_state(c, raw), cost)
   if new then
     -- A lone check (MULTI false) has nothing to take back: a rejected check writes
@@ -35,19 +35,19 @@ end
 
 local function decide(c, cost)
   if c.lockout <= 0 then return run(c, cost) end
-  local raw = redis.call('GET', c.lock)
+  local raw = CALL('GET', c.lock)
   if raw then
-    local s, n = struct.unpack('dd', raw)
+    local s, n = UNPACK('dd', raw)
     local left = since(c, s, ticks_of(c, n))
     if left > 0 then return { 0, 0, left, left, 0 } end
     -- An ended lockout is forgotten, as the in-memory store forgets it: a clock that
     -- then steps back does not find it again.
-    redis.call('DEL', c.lock)
+    CALL('DEL', c.lock)
   end
   local d = run(c, cost)
   if d[1] == 0 and d[4] ~= NEVER then
     local s, n = later(c, c.lockout)
-    redis.call('SET', c.lock, struct.pack('dd', s, ns_of(c, n)), 'PX', px(to_ms(c, c.lockout) + SLACK_MS))
+    CALL('SET', c.lock, PACK('dd', s, ns_of(c, n)), 'PX', px(to_ms(c, c.lockout) + SLACK_MS))
     d[2], d[3], d[4] = 0, c.lockout, c.lockout
   end
   return d
@@ -62,9 +62,9 @@ local function undo_all()
         -- The very bytes read (not re-encoded at this check's tick, which may be
         -- coarser than the stored nanoseconds).
         local st = unpack_state(u[2], u[3])
-        redis.call('SET', u[2].key, u[3], 'PX', px(ttl_ms(u[2], st[1], st[2])))
+        CALL('SET', u[2].key, u[3], 'PX', px(ttl_ms(u[2], st[1], st[2])))
       else
-        redis.call('DEL', u[2].key)
+        CALL('DEL', u[2].key)
       end
     else
       LOG_UNDO(u)

@@ -18,17 +18,19 @@ ALG[5] = function(c, st, cost)
 end
 
 -- ALG[5] for a lone check (see ALONE in fixed_window.lua).
-ALONE[5] = function(key, raw, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
-  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
-  if raw == nil then raw = redis.call('GET', key) end
-  local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
-  local tolerance = burst * wr
-  local new = x + cost * wr
-  if new <= tolerance then
-    if cost > 0 then lone_bucket_put(key, raw, new, tick, ns, nn, tps, r) end
-    return 1, fdiv(tolerance - new, wr), cdiv(new, r), 0, 0
+ALONE[5] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
+  return function(key, raw)
+    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if raw == nil then raw = CALL('GET', key) end
+    local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+    local tolerance = burst * wr
+    local new = x + cost * wr
+    if new <= tolerance then
+      if cost > 0 then lone_bucket_put(key, raw, new, tick, ns, nn, tps, r) end
+      return 1, fdiv(tolerance - new, wr), cdiv(new, r), 0, 0
+    end
+    local room = tolerance - x
+    if room < 0 then room = 0 end
+    return 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0
   end
-  local room = tolerance - x
-  if room < 0 then room = 0 end
-  return 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0
 end

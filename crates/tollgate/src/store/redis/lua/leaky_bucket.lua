@@ -21,20 +21,22 @@ ALG[6] = function(c, st, cost)
 end
 
 -- ALG[6] for a lone check (see ALONE in fixed_window.lua).
-ALONE[6] = function(key, raw, tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
-  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
-  if raw == nil then raw = redis.call('GET', key) end
-  local level = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
-  local capacity = burst * wr
-  local need = cost * wr
-  if level + need <= capacity then
-    local new_level = level + need
-    if cost > 0 then lone_bucket_put(key, raw, new_level, tick, ns, nn, tps, r) end
-    local delay = 0
-    if queue then delay = cdiv(level, r) end
-    return 1, fdiv(capacity - new_level, wr), cdiv(new_level, r), 0, delay
+ALONE[6] = function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
+  return function(key, raw)
+    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if raw == nil then raw = CALL('GET', key) end
+    local level = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+    local capacity = burst * wr
+    local need = cost * wr
+    if level + need <= capacity then
+      local new_level = level + need
+      if cost > 0 then lone_bucket_put(key, raw, new_level, tick, ns, nn, tps, r) end
+      local delay = 0
+      if queue then delay = cdiv(level, r) end
+      return 1, fdiv(capacity - new_level, wr), cdiv(new_level, r), 0, delay
+    end
+    local room = capacity - level
+    if room < 0 then room = 0 end
+    return 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0
   end
-  local room = capacity - level
-  if room < 0 then room = 0 end
-  return 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0
 end

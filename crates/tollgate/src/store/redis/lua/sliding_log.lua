@@ -4,26 +4,26 @@
 -- in UNDO, so that a rejected request leaves the log exactly as it found it (as the
 -- in-memory store restores its snapshot).
 local function log_meta(c)
-  local raw = redis.call('GET', c.meta)
+  local raw = CALL('GET', c.meta)
   if raw then
-    local used, es, en = struct.unpack('ddd', raw)
+    local used, es, en = UNPACK('ddd', raw)
     return used, es, ticks_of(c, en), raw
   end
   return 0, 0, 0, nil
 end
 
 local function log_save_meta(c, k, used, es, en, keep_ttl)
-  local packed = struct.pack('ddd', used, es, ns_of(k, en))
+  local packed = PACK('ddd', used, es, ns_of(k, en))
   if keep_ttl then
     -- XX: a meta key that is gone (evicted) is not recreated without a TTL.
-    redis.call('SET', c.meta, packed, 'XX', 'KEEPTTL')
+    CALL('SET', c.meta, packed, 'XX', 'KEEPTTL')
     return
   end
   -- The TTL counts from the real "now" (c), not the clamped one (k): after a clock
   -- step back the state matters for longer, not shorter.
   local px = px(ttl_ms(c, es, en))
-  redis.call('SET', c.meta, packed, 'PX', px)
-  redis.call('PEXPIRE', c.key, px)
+  CALL('SET', c.meta, packed, 'PX', px)
+  CALL('PEXPIRE', c.key, px)
 end
 
 LOG_CHECK = function(c, cost)
@@ -31,23 +31,23 @@ LOG_CHECK = function(c, cost)
   local used, es, en, meta_raw = log_meta(c)
   -- Never rewind: a clock that stepped back counts as the newest entry's time.
   local k = { ns = c.ns, nn = c.nn, tps = c.tps, tick = c.tick }
-  local last = redis.call('LINDEX', c.key, -1)
+  local last = CALL('LINDEX', c.key, -1)
   if last then
-    local ls, ln = struct.unpack('ddd', last)
+    local ls, ln = UNPACK('ddd', last)
     ln = ticks_of(k, ln)
     if since(k, ls, ln) > 0 then k.ns, k.nn = ls, ln end
   end
   local popped, empty, gone = false, false, {}
   while true do
-    local first = redis.call('LINDEX', c.key, 0)
+    local first = CALL('LINDEX', c.key, 0)
     if not first then
       empty = true
       break
     end
-    local fs, fn, fc = struct.unpack('ddd', first)
+    local fs, fn, fc = UNPACK('ddd', first)
     fn = ticks_of(k, fn)
     if since(k, fs, fn) + w > 0 then break end
-    redis.call('LPOP', c.key)
+    CALL('LPOP', c.key)
     gone[#gone + 1] = first
     used = used - fc
     popped = true
@@ -69,14 +69,14 @@ LOG_CHECK = function(c, cost)
     if cost > 0 then
       local ls, ln, lc
       if last then
-        ls, ln, lc = struct.unpack('ddd', last)
+        ls, ln, lc = UNPACK('ddd', last)
         ln = ticks_of(k, ln)
       end
       if last and ls == k.ns and ln == k.nn then
-        redis.call('LSET', c.key, -1, struct.pack('ddd', ls, ns_of(k, ln), lc + cost))
+        CALL('LSET', c.key, -1, PACK('ddd', ls, ns_of(k, ln), lc + cost))
         UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, last, meta_raw ~= nil }
       else
-        redis.call('RPUSH', c.key, struct.pack('ddd', k.ns, ns_of(k, k.nn), cost))
+        CALL('RPUSH', c.key, PACK('ddd', k.ns, ns_of(k, k.nn), cost))
         UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, false, meta_raw ~= nil }
       end
       used = used + cost
@@ -93,10 +93,10 @@ LOG_CHECK = function(c, cost)
   -- Retry when the oldest entries covering the excess have left the window.
   local excess, retry, at = used + cost - limit, 0, 0
   while excess > 0 do
-    local chunk = redis.call('LRANGE', c.key, at, at + 15)
+    local chunk = CALL('LRANGE', c.key, at, at + 15)
     if #chunk == 0 then break end
     for i = 1, #chunk do
-      local s, n, count = struct.unpack('ddd', chunk[i])
+      local s, n, count = UNPACK('ddd', chunk[i])
       n = ticks_of(k, n)
       retry = since(k, s, n) + w
       excess = excess - count
@@ -114,12 +114,12 @@ end
 LOG_UNDO = function(u)
   if u[1] == 'logpop' then
     local c, gone, meta_raw = u[2], u[3], u[4]
-    for i = #gone, 1, -1 do redis.call('LPUSH', c.key, gone[i]) end
+    for i = #gone, 1, -1 do CALL('LPUSH', c.key, gone[i]) end
     if meta_raw then
-      local _, es, en = struct.unpack('ddd', meta_raw)
+      local _, es, en = UNPACK('ddd', meta_raw)
       local px = px(ttl_ms(c, es, ticks_of(c, en)))
-      redis.call('SET', c.meta, meta_raw, 'PX', px)
-      redis.call('PEXPIRE', c.key, px)
+      CALL('SET', c.meta, meta_raw, 'PX', px)
+      CALL('PEXPIRE', c.key, px)
     end
     return
   end
@@ -127,13 +127,13 @@ LOG_UNDO = function(u)
   -- decision's reset_after reports even once the log is empty).
   local c, k, used, es, en, old_last, had_meta = u[2], u[3], u[4], u[5], u[6], u[7], u[8]
   if old_last then
-    redis.call('LSET', c.key, -1, old_last)
+    CALL('LSET', c.key, -1, old_last)
   else
-    redis.call('RPOP', c.key)
+    CALL('RPOP', c.key)
   end
   if had_meta then
     log_save_meta(c, k, used, es, en, false)
   else
-    redis.call('DEL', c.meta)
+    CALL('DEL', c.meta)
   end
 end

@@ -52,24 +52,26 @@ end
 
 -- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
 -- the fields it reads, and the state read and written here.
-ALONE[2] = function(key, raw, tick, limit, w, _, _, _, cost, _, ns, nn, tps)
-  if raw == nil then raw = redis.call('GET', key) end
-  local c = { tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps }
-  local st = { 0, 0, 0, 0 }
-  if raw then
-    local s, sn, prev, cur = struct.unpack('dddd', raw)
-    local y = sn / tick
-    st = { s, y - y % 1, prev, cur }
-  end
-  local d, new = ALG[2](c, st, cost)
-  if new then
-    local ms = ttl_ms(c, new[1], new[2])
-    local state = struct.pack('dddd', new[1], new[2] * tick, new[3], new[4])
+ALONE[2] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
+  return function(key, raw)
+    if raw == nil then raw = CALL('GET', key) end
+    local c = { tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps }
+    local st = { 0, 0, 0, 0 }
     if raw then
-      redis.call('SET', key, state, 'PX', px(ms))
-    else
-      lone_create(key, state, px(ms))
+      local s, sn, prev, cur = UNPACK('dddd', raw)
+      local y = sn / tick
+      st = { s, y - y % 1, prev, cur }
     end
+    local d, new = ALG[2](c, st, cost)
+    if new then
+      local ms = ttl_ms(c, new[1], new[2])
+      local state = PACK('dddd', new[1], new[2] * tick, new[3], new[4])
+      if raw then
+        CALL('SET', key, state, 'PX', px(ms))
+      else
+        lone_create(key, state, px(ms))
+      end
+    end
+    return d[1], d[2], d[3], d[4], d[5]
   end
-  return d[1], d[2], d[3], d[4], d[5]
 end

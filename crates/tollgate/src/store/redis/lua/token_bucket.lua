@@ -21,19 +21,21 @@ end
 
 -- ALG[4] for a lone check (no lockout, not already rejected), state read and written
 -- here (see ALONE in fixed_window.lua).
-ALONE[4] = function(key, raw, tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
-  if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
-  if raw == nil then raw = redis.call('GET', key) end
-  local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
-  local capacity = burst * wr
-  local missing = x
-  if missing > capacity then missing = capacity end
-  local tokens = capacity - missing
-  local need = cost * wr
-  if need <= tokens then
-    local left = tokens - need
-    if cost > 0 then lone_bucket_put(key, raw, x + need, tick, ns, nn, tps, r) end
-    return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
+ALONE[4] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
+  return function(key, raw)
+    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if raw == nil then raw = CALL('GET', key) end
+    local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+    local capacity = burst * wr
+    local missing = x
+    if missing > capacity then missing = capacity end
+    local tokens = capacity - missing
+    local need = cost * wr
+    if need <= tokens then
+      local left = tokens - need
+      if cost > 0 then lone_bucket_put(key, raw, x + need, tick, ns, nn, tps, r) end
+      return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
+    end
+    return 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0
   end
-  return 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0
 end
