@@ -1505,3 +1505,107 @@ fn a_hand_built_batch_decides_as_the_same_calls_one_by_one() {
         "each tail key charged once, answered in order"
     );
 }
+
+/// Connections Redis has open (`INFO clients`), less the one asking.
+fn connected_clients(server: &RedisServer) -> usize {
+    let info = command(server.port, "INFO clients").unwrap();
+    let n = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no connected_clients in {info}"));
+    n - 1
+}
+
+/// Waits (up to 5 s) until Redis has `want` connections open besides the asker's.
+fn await_clients(server: &RedisServer, want: usize) -> usize {
+    let start = std::time::Instant::now();
+    loop {
+        let n = connected_clients(server);
+        if n == want || start.elapsed() > Duration::from_secs(5) {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Callers on current-thread runtimes (as `tollgate serve`'s workers) get a batcher and
+/// a connection of their own thread: one connection per thread, one limit still exact
+/// across the threads, and the connections closed when the store is dropped. With
+/// `per_thread(false)` the threads share the store's one connection.
+#[test]
+fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
+    for per_thread in [true, false] {
+        let server = RedisServer::start();
+        let rt = two_threads();
+        let store = std::sync::Arc::new(slow_machine_store(
+            &rt,
+            RedisStore::builder(server.url())
+                .blocked_cache(0)
+                .per_thread(per_thread),
+        ));
+        // The store's shared connection (its version check opens it).
+        assert_eq!(await_clients(&server, 1), 1);
+        let limit = std::sync::Arc::new(
+            Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+                50,
+                Duration::from_secs(3_600),
+            )))
+            .unwrap(),
+        );
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<u64>();
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, limit) = (store.clone(), limit.clone());
+                let (done_tx, stop_rx) = (done_tx.clone(), stop_rx.clone());
+                std::thread::spawn(move || {
+                    let rt = runtime();
+                    let calls = (0..40).map(|_| {
+                        let one = [Check::new(&limit, "shared", 1)];
+                        let store = store.clone();
+                        async move { store.check(0, &one).await.unwrap()[0].allowed }
+                    });
+                    let admitted = rt
+                        .block_on(futures_util::future::join_all(calls))
+                        .into_iter()
+                        .filter(|a| *a)
+                        .count() as u64;
+                    done_tx.send(admitted).unwrap();
+                    drop(store);
+                    // Keep driving this runtime (its batcher must see the store go)
+                    // until the test is done.
+                    rt.block_on(async {
+                        loop {
+                            if stop_rx.lock().unwrap().try_recv().is_ok() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    });
+                })
+            })
+            .collect();
+        let admitted: u64 = (0..3).map(|_| done_rx.recv().unwrap()).sum();
+        assert_eq!(
+            admitted, 50,
+            "per_thread {per_thread}: 120 requests, limit 50"
+        );
+        let busy = connected_clients(&server);
+        drop(store);
+        let after = await_clients(&server, 0);
+        for _ in 0..3 {
+            stop_tx.send(()).unwrap();
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        if per_thread {
+            assert_eq!(busy, 4, "the shared connection and one per thread");
+        } else {
+            assert_eq!(busy, 1, "every thread on the shared connection");
+        }
+        assert_eq!(after, 0, "per_thread {per_thread}: connections left open");
+    }
+}

@@ -20,7 +20,10 @@
 //! every request waiting when its call in flight returns (up to 128 per call),
 //! and the script decides them one after another, each all or nothing on its own. A
 //! lone request goes at once; under load the script's fixed cost, Redis's system calls
-//! and ours are shared by the batch.
+//! and ours are shared by the batch. A caller on a current-thread runtime (each worker
+//! of `tollgate serve`) has a batcher and a connection of its own thread, so its
+//! requests never cross threads; other callers share one (`batcher.rs`,
+//! [`RedisStoreBuilder::per_thread`]).
 //!
 //! ## Time
 //! By default the script reads Redis `TIME`, so instances whose clocks disagree still
@@ -55,15 +58,17 @@
 //! through, and a success closes it. The breaker counts failed script calls (not each
 //! request of a failed batch) and requests that missed their deadline. A request
 //! still queued when its deadline passes is dropped, never charged late; one whose
-//! checks make the script fail (a key of the wrong type) fails alone. The connection is one multiplexed connection
-//! (redis-rs `ConnectionManager`, or its cluster equivalent) shared by every request,
-//! reconnecting with backoff.
+//! checks make the script fail (a key of the wrong type) fails alone. Each connection is
+//! a multiplexed one (redis-rs `ConnectionManager`, or its cluster equivalent),
+//! reconnecting with backoff: one shared by every request on a multi-threaded runtime,
+//! plus one per current-thread runtime's thread that calls the store.
 //!
 //! ## Blocked-key cache
 //! A rejection with a known retry time is remembered locally (see `blocked.rs`): the
 //! same key is rejected without a round trip until then, with
 //! [`Decision::from_cache`] set.
 
+mod batcher;
 mod breaker;
 mod client;
 mod keys;
@@ -76,8 +81,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
-
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 
@@ -85,6 +88,7 @@ use super::blocked::BlockedCache;
 use super::{Check, Error, Store};
 use crate::clock::{Nanos, NANOS_PER_SEC};
 use crate::decision::Decision;
+use batcher::Batchers;
 use breaker::Breaker;
 use keys::KeyNames;
 use script::{pack, Encoded, Scripts, CHECK_BYTES, FAILED};
@@ -113,6 +117,7 @@ pub struct RedisStoreBuilder {
     in_flight: usize,
     tls: Option<RedisTls>,
     functions: bool,
+    per_thread: bool,
 }
 
 /// Counters kept by a [`RedisStore`].
@@ -137,8 +142,8 @@ pub struct RedisStoreStats {
 /// A [`Store`] in Redis or Redis Cluster. See the module documentation.
 pub struct RedisStore {
     shared: Arc<Shared>,
-    /// The batcher's queue (single Redis only).
-    queue: Option<mpsc::Sender<Job>>,
+    /// The batchers (single Redis only).
+    batchers: Option<Batchers>,
     prefix: String,
     deadline: Duration,
     time: TimeSource,
@@ -179,21 +184,9 @@ struct Request {
     checks: usize,
 }
 
-/// A request waiting in the batcher's queue.
-struct Job {
-    request: Request,
-    reply: oneshot::Sender<Result<Vec<i64>, Error>>,
-}
-
-/// Most requests in one script call.
-const MAX_BATCH: usize = 128;
-// The script's index names a request's argument in two bytes (`script::dedup`).
-const _: () = assert!(MAX_BATCH <= script::MAX_ARGUMENTS);
 /// Script calls in flight at once on a single Redis connection, by default: one (the
 /// requests arriving meanwhile form the next batch), which measured best on loopback.
 const IN_FLIGHT: usize = 1;
-/// Requests that may wait for the batcher; beyond, a request fails at once.
-const QUEUE: usize = 65_536;
 /// The longest TTL slack (a day): keeps every TTL a script computes a valid number.
 const MAX_SLACK_MS: u64 = 86_400_000;
 
@@ -258,6 +251,18 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether a caller on a current-thread tokio runtime gets a batcher and a Redis
+    /// connection of its own thread (single Redis; default true): `tollgate serve`'s
+    /// workers are such threads, and their requests then never cross threads on the
+    /// way to Redis and back. One connection per such thread, opened on its first
+    /// request. False: every caller shares the store's one batcher and connection, so
+    /// the calls are fewer and larger. Callers on a multi-threaded runtime always share
+    /// them.
+    pub fn per_thread(mut self, on: bool) -> Self {
+        self.per_thread = on;
+        self
+    }
+
     /// The CA to trust and the client certificate to present over TLS (`rediss://`);
     /// without it a TLS URL trusts the system's roots. Needs the `redis-tls` feature.
     pub fn tls(mut self, tls: RedisTls) -> Self {
@@ -270,9 +275,11 @@ impl RedisStoreBuilder {
     /// learn its topology.
     pub async fn connect(self) -> Result<RedisStore, Error> {
         let backend = |e: redis::RedisError| Error::Backend(e.to_string());
+        let mut single_url = None;
         let conn = match parse_url(&self.url)? {
             Target::Single(url) => {
                 let manager = client::single(&url, self.tls.as_ref()).map_err(Error::Backend)?;
+                single_url = Some(url);
                 Connection::Single(manager)
             }
             Target::Cluster(nodes) => {
@@ -298,18 +305,19 @@ impl RedisStoreBuilder {
             errors: AtomicU64::new(0),
             functions: AtomicBool::new(self.functions),
         });
-        let queue = match shared.conn {
-            Connection::Single(_) => {
-                let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(batcher(rx, Arc::clone(&shared), self.in_flight));
-                Some(tx)
-            }
-            Connection::Cluster(_) => None,
+        let batchers = match (&shared.conn, single_url) {
+            (Connection::Single(_), Some(url)) => Some(Batchers::start(
+                Arc::clone(&shared),
+                shared.conn.clone(),
+                self.in_flight,
+                self.per_thread.then(|| (url, self.tls.clone())),
+            )),
+            _ => None,
         };
         tokio::spawn(check_version(shared.conn.clone()));
         Ok(RedisStore {
             shared,
-            queue,
+            batchers,
             prefix: self.prefix,
             deadline: self.deadline,
             time: self.time,
@@ -420,6 +428,7 @@ impl RedisStore {
             in_flight: IN_FLIGHT,
             tls: None,
             functions: true,
+            per_thread: true,
         }
     }
 
@@ -540,16 +549,8 @@ impl RedisStore {
     /// (cluster), within `deadline`.
     async fn send(&self, request: Request, deadline: Duration) -> Result<Vec<i64>, Error> {
         let answer = async {
-            match &self.queue {
-                Some(queue) => {
-                    let (reply, answer) = oneshot::channel();
-                    queue
-                        .try_send(Job { request, reply })
-                        .map_err(|_| Error::Backend("too many requests wait for Redis".into()))?;
-                    answer
-                        .await
-                        .map_err(|_| Error::Backend("the Redis batcher stopped".into()))?
-                }
+            match &self.batchers {
+                Some(batchers) => batchers.send(request).await,
                 None => invoke(&self.shared, std::slice::from_ref(&request)).await,
             }
         };
@@ -729,80 +730,24 @@ fn version_supported(info: &str) -> Option<(&str, bool)> {
     Some((version, (major, minor) >= MIN_REDIS))
 }
 
-/// Runs script calls for the queued requests: each call takes every request waiting
-/// (up to [`MAX_BATCH`]) when one of its in-flight slots is free, so batches
-/// grow with the load and a lone request never waits for company.
-async fn batcher(mut queue: mpsc::Receiver<Job>, shared: Arc<Shared>, in_flight: usize) {
-    let slots = Arc::new(Semaphore::new(in_flight.max(1)));
-    while let Some(first) = queue.recv().await {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        // A request whose caller gave up (its deadline passed) is not sent: it was
-        // answered by the failure policy and must not be charged now.
-        let mut jobs: Vec<Job> = Vec::with_capacity(8);
-        if !first.reply.is_closed() {
-            jobs.push(first);
-        }
-        while jobs.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) if job.reply.is_closed() => {}
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        if jobs.is_empty() {
-            continue;
-        }
-        if in_flight <= 1 {
-            // One call at a time: make it here, without a task of its own.
-            run_batch(&shared, jobs).await;
-            drop(slot);
-            continue;
-        }
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            run_batch(&shared, jobs).await;
-            drop(slot);
-        });
-    }
-}
-
-/// One script call for a batch; every job gets its share of the answer (or the error).
-async fn run_batch(shared: &Shared, jobs: Vec<Job>) {
-    let requests: Vec<&Request> = jobs.iter().map(|j| &j.request).collect();
-    match invoke_all(shared, &requests).await {
-        Ok(values) => {
-            let mut rest = values.as_slice();
-            for job in jobs {
-                let n = (job.request.checks * 5).min(rest.len());
-                let (mine, others) = rest.split_at(n);
-                rest = others;
-                let _ = job.reply.send(Ok(mine.to_vec()));
-            }
-        }
-        Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(Error::Backend(e.to_string())));
-            }
-        }
-    }
-}
-
 /// One script call for one request.
 async fn invoke(shared: &Shared, requests: &[Request]) -> Result<Vec<i64>, Error> {
     let refs: Vec<&Request> = requests.iter().collect();
-    invoke_all(shared, &refs).await
+    invoke_all(shared, &shared.conn, &refs).await
 }
 
 /// One script call deciding `requests` in order.
-async fn invoke_all(shared: &Shared, requests: &[&Request]) -> Result<Vec<i64>, Error> {
+async fn invoke_all(
+    shared: &Shared,
+    conn: &Connection,
+    requests: &[&Request],
+) -> Result<Vec<i64>, Error> {
     let mask = requests.iter().fold(0, |m, r| m | r.mask);
     let built = shared.scripts.get(mask);
     let (index, distinct) = call_args(requests);
     let keys = || requests.iter().flat_map(|r| r.keys.iter());
     shared.calls.fetch_add(1, Ordering::Relaxed);
-    let mut conn = shared.conn.clone();
+    let mut conn = conn.clone();
     let mut reply = None;
     if shared.functions.load(Ordering::Relaxed) {
         let mut fcall = redis::cmd("FCALL");
