@@ -113,6 +113,7 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
         blocked_cache: args.blocked_cache,
         caller_time: false,
         tls: tls.clone(),
+        shared_connection: args.redis_shared_connection,
     };
     let store = match AnyStore::open(&args.store, &options).await {
         Ok(s) => s,

@@ -43,6 +43,7 @@ fn options(tls: Option<&RedisTls>) -> StoreOptions {
         blocked_cache: 0,
         caller_time: true,
         tls: tls.cloned(),
+        shared_connection: false,
     }
 }
 

@@ -29,6 +29,8 @@ pub struct StoreOptions {
     pub caller_time: bool,
     /// CA and client certificate for a `rediss://` store.
     pub tls: Option<RedisTls>,
+    /// One Redis connection for all workers, instead of one per worker.
+    pub shared_connection: bool,
 }
 
 impl AnyStore {
@@ -53,7 +55,8 @@ impl AnyStore {
         let mut builder = RedisStore::builder(spec)
             .deadline(options.deadline)
             .prefix(options.prefix.clone())
-            .blocked_cache(options.blocked_cache);
+            .blocked_cache(options.blocked_cache)
+            .per_thread(!options.shared_connection);
         if let Some(tls) = &options.tls {
             builder = builder.tls(tls.clone());
         }

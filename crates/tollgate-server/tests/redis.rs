@@ -132,8 +132,14 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
         "--redis-deadline",
         "5s",
     ];
+    // Two instances with a connection per worker (the default), two sharing one.
     let mut servers = Vec::new();
-    for _ in 0..4 {
+    for i in 0..4 {
+        let mut args = args.to_vec();
+        args.extend(["--workers", "2"]);
+        if i % 2 == 1 {
+            args.push("--redis-shared-connection");
+        }
         servers.push(Server::start(&dir, &args).await);
     }
     let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
@@ -176,6 +182,16 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
             assert_eq!(admitted, 1_000, "{alg}");
         }
     }
+    // Per instance: the store's shared connection, plus one per worker unless
+    // --redis-shared-connection (every worker got client connections above).
+    let info = redis_server::command(redis.port, "INFO clients").unwrap();
+    let connected: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connected_clients in {info}"));
+    // Two instances with 1 + 2 connections, two with 1.
+    assert_eq!(connected - 1, 2 * (1 + 2) + 2, "{info}");
 }
 
 async fn status(client: &reqwest::Client, server: &str, domain: &str) -> (u16, Duration) {

@@ -4,9 +4,11 @@
 //! A caller on a current-thread tokio runtime (each worker of `tollgate serve`, of
 //! `tollgate proxy`, a `#[tokio::test]`) gets a batcher of its own thread, with its own
 //! connection, started on first use: the request, its script call, the reply and the
-//! answer then never leave that thread, so no wake-up crosses threads on the way. On
-//! this 2-core VM, at 38,622 requests per second, that took `tollgate serve` on Redis from
-//! 27.9 to 24.5 µs of CPU per request and raised its closed-loop maximum (README, "Redis").
+//! answer then never leave that thread, so no wake-up crosses threads on the way. The
+//! price: each thread's calls are smaller, so Redis spends more per decision when it is
+//! lightly loaded. On this 2-core VM, `tollgate serve` at 30,000 requests per second
+//! spent 21.8–24.0 µs of CPU per request against 26.4–27.5 µs with one shared batcher,
+//! and Redis 16.6–18.0 against 14.3–15.3 µs per decision (README, Benchmarks, "Redis").
 //! Other callers (a multi-threaded runtime) share one batcher and connection, started
 //! with the store. A store holds its batchers' queues: when it is dropped, they stop and
 //! their connections close.
