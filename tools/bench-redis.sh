@@ -18,13 +18,15 @@
 # Needs redis-server, redis-cli, redis-benchmark (redis-server, redis-tools), curl.
 #
 # Usage: tools/bench-redis.sh      Environment: DURATION (10s), CONCURRENCY (64),
-#   OPEN_THREADS (1: tollgate-load's threads in the open loop)
+#   OPEN_THREADS (1: tollgate-load's threads in the open loop), REDIS_FLAGS (extra flags
+#   of the tollgate serve on Redis, e.g. --redis-shared-connection)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 duration="${DURATION:-10s}"
 concurrency="${CONCURRENCY:-64}"
 open_threads="${OPEN_THREADS:-1}"
+read -r -a redis_flags <<<"${REDIS_FLAGS:-}"
 keys=10000
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
@@ -102,7 +104,7 @@ script_calls() {
 }
 
 # (`die` inside the command substitution would end only its subshell.)
-started="$(serve --store "redis://127.0.0.1:$redis_port")" || die "cannot start tollgate serve on Redis"
+started="$(serve --store "redis://127.0.0.1:$redis_port" "${redis_flags[@]}")" || die "cannot start tollgate serve on Redis"
 read -r redis_tg grpc_r _ <<<"$started"
 pids+=("$redis_tg")
 started="$(serve)" || die "cannot start tollgate serve in memory"
