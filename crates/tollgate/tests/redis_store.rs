@@ -1529,9 +1529,16 @@ fn await_clients(server: &RedisServer, want: usize) -> usize {
     }
 }
 
+/// Connections that carried script calls (`CLIENT LIST`: last command `fcall`).
+fn script_connections(server: &RedisServer) -> usize {
+    let list = command(server.port, "CLIENT LIST").unwrap();
+    list.lines().filter(|l| l.contains(" cmd=fcall ")).count()
+}
+
 /// Callers on current-thread runtimes (as `tollgate serve`'s workers) get a batcher and
-/// a connection of their own thread: one connection per thread, one limit still exact
-/// across the threads, and the connections closed when the store is dropped. With
+/// a connection of their own thread, used once it has answered a `PING`: one connection
+/// per thread, each carrying that thread's script calls, one limit still exact across the
+/// threads, and the connections closed when the store is dropped. With
 /// `per_thread(false)` the threads share the store's one connection.
 #[test]
 fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
@@ -1546,6 +1553,7 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
         ));
         // The store's shared connection (its version check opens it).
         assert_eq!(await_clients(&server, 1), 1);
+        let expected = if per_thread { 4 } else { 1 };
         let limit = std::sync::Arc::new(
             Limit::new(Algorithm::FixedWindow(FixedWindow::new(
                 50,
@@ -1553,46 +1561,57 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
             )))
             .unwrap(),
         );
+        // Set once every connection expected to carry script calls has: the threads
+        // keep sending until then (at least 40 requests each).
+        let used = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<u64>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(u64, u64)>();
         let threads: Vec<_> = (0..3)
             .map(|_| {
-                let (store, limit) = (store.clone(), limit.clone());
+                let (store, limit, used) = (store.clone(), limit.clone(), used.clone());
                 let (done_tx, stop_rx) = (done_tx.clone(), stop_rx.clone());
                 std::thread::spawn(move || {
                     let rt = runtime();
-                    let calls = (0..40).map(|_| {
-                        let one = [Check::new(&limit, "shared", 1)];
-                        let store = store.clone();
-                        async move { store.check(0, &one).await.unwrap()[0].allowed }
+                    let (sent, admitted) = rt.block_on(async {
+                        let (mut sent, mut admitted) = (0u64, 0u64);
+                        while sent < 40 || (!used.load(Ordering::Relaxed) && sent < 3_000) {
+                            let one = [Check::new(&limit, "shared", 1)];
+                            sent += 1;
+                            admitted += u64::from(store.check(0, &one).await.unwrap()[0].allowed);
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        (sent, admitted)
                     });
-                    let admitted = rt
-                        .block_on(futures_util::future::join_all(calls))
-                        .into_iter()
-                        .filter(|a| *a)
-                        .count() as u64;
-                    done_tx.send(admitted).unwrap();
+                    done_tx.send((sent, admitted)).unwrap();
                     drop(store);
                     // Keep driving this runtime (its batcher must see the store go)
                     // until the test is done.
                     rt.block_on(async {
-                        loop {
-                            if stop_rx.lock().unwrap().try_recv().is_ok() {
-                                break;
-                            }
+                        while stop_rx.lock().unwrap().try_recv().is_err() {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     });
                 })
             })
             .collect();
-        let admitted: u64 = (0..3).map(|_| done_rx.recv().unwrap()).sum();
+        let start = std::time::Instant::now();
+        while script_connections(&server) < expected && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        used.store(true, Ordering::Relaxed);
+        let (mut sent, mut admitted) = (0, 0);
+        for _ in 0..3 {
+            let (s, a) = done_rx.recv().unwrap();
+            sent += s;
+            admitted += a;
+        }
+        assert!(sent >= 120);
         assert_eq!(
             admitted, 50,
-            "per_thread {per_thread}: 120 requests, limit 50"
+            "per_thread {per_thread}: {sent} requests, limit 50"
         );
-        let busy = connected_clients(&server);
+        let (busy, scripted) = (connected_clients(&server), script_connections(&server));
         drop(store);
         let after = await_clients(&server, 0);
         for _ in 0..3 {
@@ -1601,11 +1620,11 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
         for t in threads {
             t.join().unwrap();
         }
-        if per_thread {
-            assert_eq!(busy, 4, "the shared connection and one per thread");
-        } else {
-            assert_eq!(busy, 1, "every thread on the shared connection");
-        }
+        assert_eq!(busy, expected, "per_thread {per_thread}: connections");
+        assert_eq!(
+            scripted, expected,
+            "per_thread {per_thread}: connections with script calls"
+        );
         assert_eq!(after, 0, "per_thread {per_thread}: connections left open");
     }
 }
