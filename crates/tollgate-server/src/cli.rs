@@ -68,6 +68,18 @@ pub enum Command {
         #[arg(long)]
         library: bool,
     },
+    /// Delete from Redis the script libraries (Redis Functions) that other versions of
+    /// Tollgate loaded, and print their names. Run it once every instance on that Redis
+    /// runs this version (an older one still running would load its library again).
+    RedisPrune {
+        /// The Redis: `redis://host:port`, `redis+cluster://host:port,...` or either
+        /// over TLS.
+        #[arg(long, env = "TOLLGATE_STORE")]
+        store: String,
+        /// TLS to a `rediss://` store.
+        #[command(flatten)]
+        tls: RedisTlsArgs,
+    },
 }
 
 /// Settings of `tollgate serve`; every flag also reads a `TOLLGATE_*` variable.

@@ -43,6 +43,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::RedisPrune { store, tls }) => redis_prune(&store, tls),
         Some(Command::RedisScript {
             algorithms,
             library,
@@ -63,6 +64,53 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `tollgate redis-prune`: deletes other versions' libraries, prints their names.
+fn redis_prune(store: &str, tls: cli::RedisTlsArgs) -> ExitCode {
+    let tls = match tls.read() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("cannot set up TLS to Redis: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let deleted = runtime.block_on(async {
+        let mut builder = tollgate::store::RedisStore::builder(store)
+            .deadline(std::time::Duration::from_secs(5))
+            .per_thread(false);
+        if let Some(tls) = tls {
+            builder = builder.tls(tls);
+        }
+        builder.connect().await?.delete_stale_libraries().await
+    });
+    match deleted {
+        Ok(names) => {
+            for name in &names {
+                println!("{name}");
+            }
+            eprintln!(
+                "deleted {} librar{} of other Tollgate versions",
+                names.len(),
+                if names.len() == 1 { "y" } else { "ies" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cannot prune {store}: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -697,3 +697,89 @@ http:
     drop(held);
     wait_for_200(&b.addr, "/stream", "the lease was never released").await;
 }
+
+/// Loads a function library into `redis` with `redis-cli`.
+fn function_load(redis: &RedisServer, library: &str) {
+    use std::io::Write;
+    let mut cli = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "-x",
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli (apt-get install redis-tools)");
+    cli.stdin
+        .take()
+        .unwrap()
+        .write_all(library.as_bytes())
+        .unwrap();
+    let out = cli.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!said.contains("ERR"), "FUNCTION LOAD: {said}");
+}
+
+/// `tollgate <args>`: its status and stdout.
+fn tollgate(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn redis_prune_deletes_only_other_tollgate_versions_libraries() {
+    let redis = RedisServer::start();
+    let (ok, current) = tollgate(&["redis-script", "--library", "fixed_window"]);
+    assert!(ok);
+    function_load(&redis, &current);
+    let current_name = current
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("#!lua name=")
+        .to_owned();
+    let old: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|d| format!("tollgate_{}", d.repeat(40)))
+        .collect();
+    for name in &old {
+        function_load(
+            &redis,
+            &format!(
+                "#!lua name={name}\nredis.register_function('{name}', function() return 1 end)\n"
+            ),
+        );
+    }
+    function_load(
+        &redis,
+        "#!lua name=mylib\nredis.register_function('myfn', function() return 1 end)\n",
+    );
+    let store = redis.url();
+    let (ok, deleted) = tollgate(&["redis-prune", "--store", &store]);
+    assert!(ok, "{deleted}");
+    assert_eq!(deleted.lines().collect::<Vec<_>>(), old, "{deleted}");
+    let list = redis_server::command(redis.port, "FUNCTION LIST").unwrap();
+    assert!(list.contains(&current_name), "{list}");
+    assert!(list.contains("mylib"), "{list}");
+    assert!(!old.iter().any(|n| list.contains(n.as_str())), "{list}");
+    // Nothing left to delete.
+    let (ok, deleted) = tollgate(&["redis-prune", "--store", &store]);
+    assert!(ok && deleted.is_empty(), "{deleted}");
+    // A store that cannot be reached fails, naming it.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["redis-prune", "--store", "memory"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory"));
+}

@@ -72,6 +72,7 @@ mod batcher;
 mod breaker;
 mod client;
 mod keys;
+mod libraries;
 mod script;
 
 pub(crate) use client::single as single_connection;
@@ -457,6 +458,15 @@ impl RedisStore {
     /// True for a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.shared.conn, Connection::Cluster(_))
+    }
+
+    /// Deletes the Redis Functions libraries that other versions of Tollgate loaded
+    /// (`tollgate_<SHA-1>` names this build never loads) and returns their names. Run it
+    /// once every instance runs this version: an older instance still running reloads its
+    /// library on its next call, so deleting is safe, only wasted. Other libraries are
+    /// left alone.
+    pub async fn delete_stale_libraries(&self) -> Result<Vec<String>, Error> {
+        libraries::delete_stale(&self.shared, &self.shared.conn).await
     }
 
     /// Decides `checks` in Redis. `rejected`: the request is already rejected (by the
