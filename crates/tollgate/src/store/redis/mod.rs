@@ -233,7 +233,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Script calls in flight at once on a single Redis (default 1): requests that
+    /// Script calls in flight at once on each connection to a single Redis (default 1;
+    /// see [`per_thread`](Self::per_thread) for how many connections): requests that
     /// arrive while they run are batched into the next call. More can help when Redis
     /// is far away (a long round trip); on loopback one measured best.
     pub fn in_flight(mut self, calls: usize) -> Self {
