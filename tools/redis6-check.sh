@@ -11,16 +11,20 @@
 #   3. `tollgate conformance ../shared/cases --store redis://...`: every case must pass.
 #   4. `tollgate serve --store redis://...` under `tollgate-load grpc` for 3 s: no errors,
 #      EVALSHA calls in INFO commandstats, and the one warning in the server's log.
+#   5. `tollgate redis-prune`: nothing to delete on a Redis without functions.
 #
 # Needs curl, xz, dpkg-deb, redis-cli, and the Lua libraries Debian 11's Redis links to:
 # apt-get install liblua5.1-0 lua-bitop lua-cjson liblzf1 libjemalloc2.
-# Usage: tools/redis6-check.sh
+# Usage: tools/redis6-check.sh      Environment: MIRROR (http://deb.debian.org/debian; Debian 11
+#   will move to http://archive.debian.org/debian), ARCH (amd64)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 cache="${CARGO_TARGET_DIR:-$root/target}/redis6"
-mirror="http://deb.debian.org/debian"
+mirror="${MIRROR:-http://deb.debian.org/debian}"
+arch="${ARCH:-amd64}"
+libdir="$cache/root/usr/lib/$(uname -m)-linux-gnu"
 
 bench_name=redis6-check
 # shellcheck source=tools/lib.sh
@@ -33,7 +37,7 @@ done
 if [[ ! -x "$cache/bin/redis-server" ]]; then
   log "fetching Debian 11's Redis 6.0 into $cache..."
   mkdir -p "$cache/debs"
-  curl -fsS "$mirror/dists/bullseye/main/binary-amd64/Packages.xz" -o "$cache/Packages.xz" ||
+  curl -fsS "$mirror/dists/bullseye/main/binary-$arch/Packages.xz" -o "$cache/Packages.xz" ||
     die "cannot fetch bullseye's package index from $mirror"
   for package in redis-tools libssl1.1; do
     file="$(xz -dc "$cache/Packages.xz" |
@@ -48,11 +52,11 @@ if [[ ! -x "$cache/bin/redis-server" ]]; then
   ln -sf ../root/usr/bin/redis-check-rdb "$cache/bin/redis-6.0-server"
   cat >"$cache/bin/redis-server" <<EOF
 #!/usr/bin/env bash
-LD_LIBRARY_PATH="$cache/root/usr/lib/x86_64-linux-gnu" exec -a redis-server "$cache/bin/redis-6.0-server" "\$@"
+LD_LIBRARY_PATH="$libdir" exec -a redis-server "$cache/bin/redis-6.0-server" "\$@"
 EOF
   chmod +x "$cache/bin/redis-server"
 fi
-missing="$(LD_LIBRARY_PATH="$cache/root/usr/lib/x86_64-linux-gnu" ldd "$cache/root/usr/bin/redis-check-rdb" | grep 'not found' || true)"
+missing="$(LD_LIBRARY_PATH="$libdir" ldd "$cache/root/usr/bin/redis-check-rdb" 2>&1 | grep -E 'not found|not a dynamic' || true)"
 [[ -z "$missing" ]] || die "Redis 6.0 lacks libraries (apt-get install liblua5.1-0 lua-bitop lua-cjson liblzf1 libjemalloc2): $missing"
 
 (cd "$root" && cargo build --release -q -p tollgate-server -p tollgate-load)
@@ -61,6 +65,7 @@ work="$(mktemp -d)"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -70,12 +75,20 @@ port="$(free_port)"
   --loglevel warning --dir "$work" >"$work/redis.log" 2>&1 &
 pids+=("$!")
 for _ in $(seq 1 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.05; done
-version="$(redis-cli -p "$port" INFO server | tr -d '\r' | sed -n 's/^redis_version://p')"
-[[ "$version" == 6.0.* ]] || die "expected Redis 6.0, got '$version'"
+version="$(redis-cli -p "$port" INFO server 2>/dev/null | tr -d '\r' | sed -n 's/^redis_version://p' || true)"
+if [[ "$version" != 6.0.* ]]; then
+  cat "$work/redis.log" >&2
+  die "expected Redis 6.0 on port $port, got '$version' (its log is above)"
+fi
 log "Redis $version on port $port"
 
 log "1. the shared cases..."
-"$bin/tollgate" conformance "$root/../shared/cases" --store "redis://127.0.0.1:$port" | tail -1
+if ! "$bin/tollgate" conformance "$root/../shared/cases" --store "redis://127.0.0.1:$port" \
+  >"$work/cases.txt" 2>&1; then
+  cat "$work/cases.txt" >&2
+  die "a shared case failed on Redis $version (above)"
+fi
+tail -1 "$work/cases.txt"
 
 log "2. tollgate serve under load..."
 mkdir "$work/rules"
@@ -85,10 +98,15 @@ grpc="$(free_port)"; http="$(free_port)"
 TOLLGATE_LOG=warn "$bin/tollgate" serve --config "$work/rules" --store "redis://127.0.0.1:$port" \
   --grpc-listen "127.0.0.1:$grpc" --http-listen "127.0.0.1:$http" >"$work/serve.log" 2>&1 &
 pids+=("$!")
+ready=no
 for _ in $(seq 1 100); do
-  [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz" || true)" == 200 ]] && break
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz" || true)" == 200 ]] && { ready=yes; break; }
   sleep 0.1
 done
+if [[ "$ready" != yes ]]; then
+  cat "$work/serve.log" >&2
+  die "tollgate serve did not become ready (its log is above)"
+fi
 report="$("$bin/tollgate-load" grpc --addr "127.0.0.1:$grpc" --concurrency 64 --keys 10000 \
   --duration 3s --json --quiet)"
 errors="$(field "$report" errors)"
@@ -101,4 +119,8 @@ if [[ "$errors" != 0 || "${evalsha:-0}" -eq 0 || "$warnings" != 1 ]]; then
   cat "$work/serve.log" >&2
   die "expected no errors, EVALSHA calls and one warning (the server's log is above)"
 fi
+log "3. tollgate redis-prune..."
+pruned="$("$bin/tollgate" redis-prune --store "redis://127.0.0.1:$port" 2>&1)" ||
+  die "redis-prune failed on Redis $version: $pruned"
+log "   $pruned"
 log "ok: Redis $version decides through EVALSHA"

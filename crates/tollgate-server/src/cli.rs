@@ -136,6 +136,7 @@ pub struct CommonArgs {
     /// instead of one connection per worker (the default). Shared: larger script calls,
     /// so less Redis CPU per decision when Redis is lightly loaded; per worker: less
     /// CPU here and lower latency, since a request never leaves its worker's thread.
+    /// Over TLS (`rediss://`) the workers always share one connection.
     #[arg(long, env = "TOLLGATE_REDIS_SHARED_CONNECTION")]
     pub redis_shared_connection: bool,
     /// Most keys the in-memory store (and the local fallback store used while Redis is

@@ -43,7 +43,8 @@ fn options(tls: Option<&RedisTls>) -> StoreOptions {
         blocked_cache: 0,
         caller_time: true,
         tls: tls.cloned(),
-        shared_connection: false,
+        // One connection per case file's store is enough.
+        shared_connection: true,
     }
 }
 

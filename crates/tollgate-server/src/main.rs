@@ -88,9 +88,7 @@ fn redis_prune(store: &str, tls: cli::RedisTlsArgs) -> ExitCode {
         }
     };
     let deleted = runtime.block_on(async {
-        let mut builder = tollgate::store::RedisStore::builder(store)
-            .deadline(std::time::Duration::from_secs(5))
-            .per_thread(false);
+        let mut builder = tollgate::store::RedisStore::builder(store).per_thread(false);
         if let Some(tls) = tls {
             builder = builder.tls(tls);
         }

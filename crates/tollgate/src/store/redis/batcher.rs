@@ -2,24 +2,29 @@
 //! together in the next one (up to [`MAX_BATCH`]).
 //!
 //! A caller on a current-thread tokio runtime (each worker of `tollgate serve`, of
-//! `tollgate proxy`, a `#[tokio::test]`) gets a batcher of its own thread, with its own
+//! `tollgate proxy`, a `#[tokio::test]`) gets a batcher of that runtime, with its own
 //! connection, started on first use: once that connection has answered a `PING` (until
-//! then the shared batcher serves the thread), the request, its script call, the reply
-//! and the answer never leave that thread, so no wake-up crosses threads on the way. The
-//! price: each thread's calls are smaller, so Redis spends more per decision when it is
+//! then the shared batcher serves), the request, its script call, the reply and the
+//! answer never leave the runtime's thread, so no wake-up crosses threads on the way. The
+//! price: each runtime's calls are smaller, so Redis spends more per decision when it is
 //! lightly loaded. On this 2-core VM, `tollgate serve` at 30,000 requests per second
 //! spent 21.8–24.0 µs of CPU per request against 26.4–27.5 µs with one shared batcher,
 //! and Redis 16.6–18.0 against 14.3–15.3 µs per decision (README, Benchmarks, "Redis").
+//!
 //! Other callers (a multi-threaded runtime) share one batcher and connection, started
-//! with the store. A store holds its batchers' queues: when it is dropped, they stop and
-//! their connections close.
+//! with the store; so does everyone over TLS (redis-rs reads the system's certificate
+//! store on every TLS connect, which would stall a worker's thread). Batchers are kept
+//! per runtime, not per thread, so a thread that moves to another runtime gets that
+//! runtime's batcher. A store holds its batchers' queues: when it is dropped, each
+//! batcher stops, and closes its connection, the next time its runtime runs.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::runtime::{Handle, Id, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{client, invoke_all, script, Connection, RedisTls, Request, Shared};
@@ -44,24 +49,31 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(0);
 /// How long a thread's new connection waits between tries while Redis does not answer.
 const WARM_UP_RETRY: Duration = Duration::from_millis(250);
 
-/// One of this thread's batchers.
+/// A batcher of a current-thread runtime, as a thread finds it.
 struct ThreadBatcher {
     /// The store's number.
     store: u64,
+    /// The runtime the batcher runs on.
+    runtime: Id,
     /// Weak: a store's batchers end with the store, which holds their queues.
     queue: mpsc::WeakSender<Job>,
-    /// Set once its connection has answered a `PING`; until then the thread's requests
+    /// Set once its connection has answered a `PING`; until then the runtime's requests
     /// go to the shared batcher, so none waits for a connection to be made.
     ready: Arc<AtomicBool>,
 }
 
+/// A batcher of a current-thread runtime, as its store holds it.
+struct RuntimeBatcher {
+    queue: mpsc::Sender<Job>,
+    ready: Arc<AtomicBool>,
+}
+
 thread_local! {
-    /// This thread's batchers.
+    /// The batchers this thread has used (a cache of the stores' maps).
     static THREAD_QUEUES: RefCell<Vec<ThreadBatcher>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A single Redis's batchers: the shared one and one per current-thread runtime's
-/// thread.
+/// A single Redis's batchers: the shared one and one per current-thread runtime.
 pub(super) struct Batchers {
     shared: Arc<Shared>,
     /// The shared batcher's queue.
@@ -69,15 +81,16 @@ pub(super) struct Batchers {
     /// Where per-thread batchers connect; `None`: every caller uses the shared one.
     per_thread: Option<(String, Option<RedisTls>)>,
     in_flight: usize,
-    /// This store's number, naming its per-thread batchers.
+    /// This store's number, naming its batchers in the threads' caches.
     id: u64,
-    /// The per-thread batchers' queues (the thread-local entries are weak).
-    threads: Mutex<Vec<mpsc::Sender<Job>>>,
+    /// The current-thread runtimes' batchers (the threads' entries are weak).
+    runtimes: Mutex<HashMap<Id, RuntimeBatcher>>,
 }
 
 impl Batchers {
     /// Starts the shared batcher on `conn`. `per_thread`: the URL and TLS settings with
-    /// which threads open their own connections, or `None` for none.
+    /// which current-thread runtimes open their own connections, or `None` for none (a
+    /// TLS URL counts as none: see the module documentation).
     pub fn start(
         shared: Arc<Shared>,
         conn: Connection,
@@ -89,10 +102,10 @@ impl Batchers {
         Self {
             shared,
             queue,
-            per_thread,
+            per_thread: per_thread.filter(|(url, _)| !client::is_tls_url(url)),
             in_flight,
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
-            threads: Mutex::new(Vec::new()),
+            runtimes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -109,33 +122,80 @@ impl Batchers {
             .map_err(|_| Error::Backend("the Redis batcher stopped".into()))?
     }
 
-    /// The queue of this thread's batcher when the caller runs on a current-thread
+    /// The queue of this runtime's batcher when the caller runs on a current-thread
     /// runtime and that batcher's connection is up; `None` otherwise (the shared batcher
-    /// serves). The first call on a thread starts its batcher, which connects first.
+    /// serves). The first call on a runtime starts its batcher, which connects first.
     fn thread_queue(&self) -> Option<mpsc::Sender<Job>> {
         let (url, tls) = self.per_thread.as_ref()?;
         let handle = Handle::try_current().ok()?;
         if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
             return None;
         }
-        let found = THREAD_QUEUES.with(|q| {
+        let runtime = handle.id();
+        let cached = THREAD_QUEUES.with(|q| {
             q.borrow()
                 .iter()
-                .find(|b| b.store == self.id)
+                .find(|b| b.store == self.id && b.runtime == runtime)
                 .and_then(|b| Some((b.queue.upgrade()?, b.ready.load(Ordering::Acquire))))
         });
-        // Closed: the runtime it ran on has ended; this thread now runs another.
-        if let Some((tx, ready)) = found.filter(|(tx, _)| !tx.is_closed()) {
+        if let Some((tx, ready)) = cached.filter(|(tx, _)| !tx.is_closed()) {
             return ready.then_some(tx);
         }
-        let mut conn = match client::single(url, tls.as_ref()) {
+        let mut runtimes = self.runtimes.lock().ok()?;
+        // Batchers whose runtime has ended.
+        runtimes.retain(|_, b| !b.queue.is_closed());
+        let batcher = match runtimes.get(&runtime) {
+            Some(b) => RuntimeBatcher {
+                queue: b.queue.clone(),
+                ready: b.ready.clone(),
+            },
+            None => {
+                let b = self.start_runtime_batcher(&handle, url, tls.as_ref())?;
+                runtimes.insert(
+                    runtime,
+                    RuntimeBatcher {
+                        queue: b.queue.clone(),
+                        ready: b.ready.clone(),
+                    },
+                );
+                b
+            }
+        };
+        drop(runtimes);
+        THREAD_QUEUES.with(|q| {
+            let mut q = q.borrow_mut();
+            q.retain(|b| {
+                !(b.store == self.id && b.runtime == runtime) && b.queue.strong_count() > 0
+            });
+            q.push(ThreadBatcher {
+                store: self.id,
+                runtime,
+                queue: batcher.queue.downgrade(),
+                ready: batcher.ready.clone(),
+            });
+        });
+        batcher
+            .ready
+            .load(Ordering::Acquire)
+            .then_some(batcher.queue)
+    }
+
+    /// Starts a batcher on `handle`'s runtime with a connection of its own, which it
+    /// connects before it is used.
+    fn start_runtime_batcher(
+        &self,
+        handle: &Handle,
+        url: &str,
+        tls: Option<&RedisTls>,
+    ) -> Option<RuntimeBatcher> {
+        let mut conn = match client::single(url, tls) {
             Ok(conn) => Connection::Single(conn),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot open a Redis connection for this thread; using the shared one");
+                tracing::warn!(error = %e, "cannot open a Redis connection for this runtime; using the shared one");
                 return None;
             }
         };
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (queue, rx) = mpsc::channel(QUEUE);
         let ready = Arc::new(AtomicBool::new(false));
         let (shared, in_flight, up) = (Arc::clone(&self.shared), self.in_flight, ready.clone());
         handle.spawn(async move {
@@ -143,20 +203,7 @@ impl Batchers {
                 batcher(rx, shared, conn, in_flight).await;
             }
         });
-        if let Ok(mut threads) = self.threads.lock() {
-            threads.retain(|t| !t.is_closed());
-            threads.push(tx.clone());
-        }
-        THREAD_QUEUES.with(|q| {
-            let mut q = q.borrow_mut();
-            q.retain(|b| b.store != self.id && b.queue.strong_count() > 0);
-            q.push(ThreadBatcher {
-                store: self.id,
-                queue: tx.downgrade(),
-                ready,
-            });
-        });
-        None
+        Some(RuntimeBatcher { queue, ready })
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::Value;
 
 use super::{Connection, Shared};
@@ -57,18 +58,41 @@ fn names(reply: &Value) -> Vec<String> {
 
 /// Deletes every `tollgate_<SHA-1>` library on `conn` that this build does not load;
 /// returns their names, sorted. Other libraries are left alone. On a cluster the list
-/// comes from one node and each `FUNCTION DELETE` goes to every master.
+/// comes from every master and each `FUNCTION DELETE` goes to every master; on a Redis
+/// without functions (6.x) there is nothing to delete.
 pub(super) async fn delete_stale(shared: &Shared, conn: &Connection) -> Result<Vec<String>, Error> {
     let mut conn = conn.clone();
     let backend = |e: redis::RedisError| Error::Backend(e.to_string());
-    let reply: Value = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .arg("LIBRARYNAME")
-        // A glob pattern.
-        .arg("tollgate_*")
-        .query_async(&mut conn)
-        .await
-        .map_err(backend)?;
+    let mut list = redis::cmd("FUNCTION");
+    // LIBRARYNAME takes a glob pattern.
+    list.arg("LIST").arg("LIBRARYNAME").arg("tollgate_*");
+    let reply = match &mut conn {
+        // Every master: a library may be missing from some (a master added later).
+        Connection::Cluster(cluster) => {
+            cluster
+                .route_command(
+                    list,
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::CombineArrays),
+                    )),
+                )
+                .await
+        }
+        Connection::Single(_) => list.query_async::<Value>(&mut conn).await,
+    };
+    let reply = match reply {
+        Ok(reply) => reply,
+        // Redis 6 has no functions, so nothing to delete.
+        Err(e)
+            if e.code() == Some("ERR")
+                && e.detail()
+                    .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown")) =>
+        {
+            return Ok(Vec::new())
+        }
+        Err(e) => return Err(backend(e)),
+    };
     let keep = current(shared);
     let mut stale: Vec<String> = names(&reply)
         .into_iter()

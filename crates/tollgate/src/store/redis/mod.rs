@@ -253,13 +253,15 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Whether a caller on a current-thread tokio runtime gets a batcher and a Redis
-    /// connection of its own thread (single Redis; default true): `tollgate serve`'s
-    /// workers are such threads, and their requests then never cross threads on the
-    /// way to Redis and back. One connection per such thread, opened on its first
-    /// request. False: every caller shares the store's one batcher and connection, so
-    /// the calls are fewer and larger. Callers on a multi-threaded runtime always share
-    /// them.
+    /// Whether callers on a current-thread tokio runtime get a batcher and a Redis
+    /// connection of that runtime (single Redis; default true): `tollgate serve`'s
+    /// workers each run one, and their requests then never cross threads on the way to
+    /// Redis and back. One more connection per such runtime, opened on its first
+    /// request and used once it answers a `PING` (the shared one serves until then).
+    /// False: every caller shares the store's one batcher and connection, so the calls
+    /// are fewer and larger. Callers on a multi-threaded runtime always share them, and
+    /// so does everyone over TLS (`rediss://`: redis-rs reads the system's certificate
+    /// store on each TLS connect, which would stall the runtime's thread).
     pub fn per_thread(mut self, on: bool) -> Self {
         self.per_thread = on;
         self
