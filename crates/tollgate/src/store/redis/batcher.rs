@@ -63,6 +63,7 @@ struct ThreadBatcher {
 }
 
 /// A batcher of a current-thread runtime, as its store holds it.
+#[derive(Clone)]
 struct RuntimeBatcher {
     queue: mpsc::Sender<Job>,
     ready: Arc<AtomicBool>,
@@ -145,19 +146,10 @@ impl Batchers {
         // Batchers whose runtime has ended.
         runtimes.retain(|_, b| !b.queue.is_closed());
         let batcher = match runtimes.get(&runtime) {
-            Some(b) => RuntimeBatcher {
-                queue: b.queue.clone(),
-                ready: b.ready.clone(),
-            },
+            Some(b) => b.clone(),
             None => {
                 let b = self.start_runtime_batcher(&handle, url, tls.as_ref())?;
-                runtimes.insert(
-                    runtime,
-                    RuntimeBatcher {
-                        queue: b.queue.clone(),
-                        ready: b.ready.clone(),
-                    },
-                );
+                runtimes.insert(runtime, b.clone());
                 b
             }
         };
