@@ -242,3 +242,20 @@ impl Drop for Proxy {
         let _ = self.child.wait();
     }
 }
+
+/// Posts `{"domain": domain, "descriptors": [{"k": "v"}]}` to the server's
+/// `/v1/check` and returns the status with the client-side round trip time.
+pub async fn check_domain(client: &reqwest::Client, server: &str, domain: &str) -> (u16, Duration) {
+    let body = serde_json::json!({"domain": domain, "descriptors": [{"k": "v"}]});
+    let started = Instant::now();
+    let status = client
+        .post(format!("{server}/v1/check"))
+        .json(&body)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    (status, started.elapsed())
+}
