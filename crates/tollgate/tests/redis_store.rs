@@ -1535,6 +1535,69 @@ fn script_connections(server: &RedisServer) -> usize {
     list.lines().filter(|l| l.contains(" cmd=fcall ")).count()
 }
 
+/// Threads each driving a current-thread runtime of its own (as `tollgate serve`'s
+/// workers): each runs its work, reports the result, and then keeps its runtime running
+/// (so that whatever batcher and connection the runtime holds lives on, and sees the
+/// store go) until [`RuntimeThreads::finish`].
+struct RuntimeThreads<T> {
+    results: std::sync::mpsc::Receiver<T>,
+    stop: std::sync::mpsc::Sender<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> RuntimeThreads<T> {
+    /// Starts `n` threads running `work()`; `work` (and what it holds, such as the
+    /// store) is dropped as soon as its future is done.
+    fn spawn<F, Fut>(n: usize, work: F) -> Self
+    where
+        F: Fn() -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+    {
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
+        let (done, results) = std::sync::mpsc::channel::<T>();
+        let threads = (0..n)
+            .map(|_| {
+                let (work, done, stop_rx) = (work.clone(), done.clone(), stop_rx.clone());
+                std::thread::spawn(move || {
+                    let rt = runtime();
+                    let result = rt.block_on(work());
+                    drop(work);
+                    done.send(result).unwrap();
+                    rt.block_on(async {
+                        while stop_rx.lock().unwrap().try_recv().is_err() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    });
+                })
+            })
+            .collect();
+        Self {
+            results,
+            stop,
+            threads,
+        }
+    }
+
+    /// Every thread's result, waiting for each.
+    fn results(&self) -> Vec<T> {
+        self.threads
+            .iter()
+            .map(|_| self.results.recv().unwrap())
+            .collect()
+    }
+
+    /// Stops the threads' runtimes and joins them.
+    fn finish(self) {
+        for _ in &self.threads {
+            self.stop.send(()).unwrap();
+        }
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 /// Callers on current-thread runtimes (as `tollgate serve`'s workers) get a batcher and
 /// a connection of their own thread, used once it has answered a `PING`: one connection
 /// per thread, each carrying that thread's script calls, one limit still exact across the
@@ -1567,48 +1630,30 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
         // Set once every connection expected to carry script calls has: the threads
         // keep sending until then (at least 40 requests each).
         let used = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<(u64, u64)>();
-        let threads: Vec<_> = (0..3)
-            .map(|_| {
+        let threads = RuntimeThreads::spawn(3, {
+            let (store, limit, used) = (store.clone(), limit.clone(), used.clone());
+            move || {
                 let (store, limit, used) = (store.clone(), limit.clone(), used.clone());
-                let (done_tx, stop_rx) = (done_tx.clone(), stop_rx.clone());
-                std::thread::spawn(move || {
-                    let rt = runtime();
-                    let (sent, admitted) = rt.block_on(async {
-                        let (mut sent, mut admitted) = (0u64, 0u64);
-                        while sent < 40 || (!used.load(Ordering::Relaxed) && sent < 3_000) {
-                            let one = [Check::new(&limit, "shared", 1)];
-                            sent += 1;
-                            admitted += u64::from(store.check(0, &one).await.unwrap()[0].allowed);
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        (sent, admitted)
-                    });
-                    done_tx.send((sent, admitted)).unwrap();
-                    drop(store);
-                    // Keep driving this runtime (its batcher must see the store go)
-                    // until the test is done.
-                    rt.block_on(async {
-                        while stop_rx.lock().unwrap().try_recv().is_err() {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    });
-                })
-            })
-            .collect();
+                async move {
+                    let (mut sent, mut admitted) = (0u64, 0u64);
+                    while sent < 40 || (!used.load(Ordering::Relaxed) && sent < 3_000) {
+                        let one = [Check::new(&limit, "shared", 1)];
+                        sent += 1;
+                        admitted += u64::from(store.check(0, &one).await.unwrap()[0].allowed);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    (sent, admitted)
+                }
+            }
+        });
         let start = std::time::Instant::now();
         while script_connections(&server) < expected && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(20));
         }
         used.store(true, Ordering::Relaxed);
-        let (mut sent, mut admitted) = (0, 0);
-        for _ in 0..3 {
-            let (s, a) = done_rx.recv().unwrap();
-            sent += s;
-            admitted += a;
-        }
+        let results = threads.results();
+        let sent: u64 = results.iter().map(|r| r.0).sum();
+        let admitted: u64 = results.iter().map(|r| r.1).sum();
         assert_eq!(
             admitted, 50,
             "per_thread {per_thread}: {sent} requests, limit 50"
@@ -1616,12 +1661,7 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
         let (busy, scripted) = (connected_clients(&server), script_connections(&server));
         drop(store);
         let after = await_clients(&server, 0);
-        for _ in 0..3 {
-            stop_tx.send(()).unwrap();
-        }
-        for t in threads {
-            t.join().unwrap();
-        }
+        threads.finish();
         assert_eq!(busy, expected, "per_thread {per_thread}: connections");
         assert_eq!(
             scripted, expected,
@@ -1629,6 +1669,65 @@ fn each_current_thread_runtime_has_its_own_connection_and_limits_stay_exact() {
         );
         assert_eq!(after, 0, "per_thread {per_thread}: connections left open");
     }
+}
+
+/// Over TLS the callers on current-thread runtimes share the store's one connection,
+/// though `per_thread` asks for one each (redis-rs reads the system's certificate store
+/// on every TLS connect, which would stall a worker): three threads, each on a runtime of
+/// its own and each sending for at least 200 ms (a connection of its own would be open and
+/// in use by then), leave Redis with one connection, which carried the script calls; the
+/// limit stays exact; dropping the store closes it.
+#[cfg(feature = "redis-tls")]
+#[test]
+fn over_tls_current_thread_runtimes_share_the_one_connection() {
+    use tollgate::store::RedisTls;
+    let files = redis_server::TlsFiles::generate("per-thread");
+    let server = RedisServer::start_tls(&files, "yes");
+    let rt = two_threads();
+    let tls = RedisTls {
+        ca_pem: Some(files.read("ca.pem")),
+        client_pem: Some((files.read("client.pem"), files.read("client.key"))),
+    };
+    // The caller's time (0 throughout): no window can end during the test.
+    let store = std::sync::Arc::new(slow_machine_store(
+        &rt,
+        RedisStore::builder(server.tls_url())
+            .time_source(TimeSource::Caller)
+            .ttl_slack(Duration::from_secs(3_600))
+            .blocked_cache(0)
+            .per_thread(true)
+            .tls(tls),
+    ));
+    let limit = std::sync::Arc::new(fixed(50, Duration::from_secs(3_600)));
+    let threads = RuntimeThreads::spawn(3, {
+        let store = store.clone();
+        move || {
+            let (store, limit) = (store.clone(), limit.clone());
+            async move {
+                let mut admitted = 0u64;
+                for _ in 0..40 {
+                    let one = [Check::new(&limit, "shared", 1)];
+                    admitted += u64::from(store.check(0, &one).await.unwrap()[0].allowed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                admitted
+            }
+        }
+    });
+    let admitted: u64 = threads.results().into_iter().sum();
+    assert_eq!(admitted, 50, "120 requests, limit 50");
+    // A connection of a runtime's own, still connecting, would show within the second.
+    let start = std::time::Instant::now();
+    while connected_clients(&server) == 1 && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (open, scripted) = (connected_clients(&server), script_connections(&server));
+    drop(store);
+    let after = await_clients(&server, 0);
+    threads.finish();
+    assert_eq!(open, 1, "connections over TLS");
+    assert_eq!(scripted, 1, "connections with script calls");
+    assert_eq!(after, 0, "connections left open");
 }
 
 /// A thread that leaves a current-thread runtime (still alive, no longer run) for
