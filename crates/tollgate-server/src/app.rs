@@ -11,6 +11,7 @@ use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
 use tollgate::store::{MemoryStore, RedisTls};
+use tonic::transport::ServerTlsConfig;
 
 use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
@@ -148,6 +149,20 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
 }
 
 async fn run(args: ServeArgs) -> ExitCode {
+    let transport = match args.transport() {
+        Ok(transport) => transport,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let grpc_tls = match grpc::tls::server_config(&args.grpc_tls) {
+        Ok(tls) => tls,
+        Err(e) => {
+            error!("cannot serve gRPC over TLS: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Some(core) = core(&args.common, args.shadow_mode).await else {
         return ExitCode::FAILURE;
     };
@@ -191,10 +206,16 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (grpc_senders, grpc_receivers) = workers::channels(count);
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
-    let transport = args.grpc_transport;
+    let tls = grpc_tls.is_some();
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
-        move |(grpc, http)| serve_worker(Arc::clone(&service), transport, grpc, http, stop.clone())
+        move |(grpc, http)| {
+            let listener = GrpcListener {
+                transport,
+                tls: grpc_tls.clone(),
+            };
+            serve_worker(Arc::clone(&service), listener, grpc, http, stop.clone())
+        }
     }) else {
         return ExitCode::FAILURE;
     };
@@ -211,7 +232,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, grpc_transport = ?transport, http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
@@ -221,23 +242,36 @@ async fn run(args: ServeArgs) -> ExitCode {
     workers::drain(args.common.drain_timeout, acceptors, done).await
 }
 
+/// How the gRPC listener serves: its transport and, on tonic, its TLS settings.
+struct GrpcListener {
+    transport: GrpcTransport,
+    tls: Option<ServerTlsConfig>,
+}
+
 /// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
 /// the acceptors hand it, until `stop`; then both drain.
 async fn serve_worker(
     service: Arc<Service>,
-    transport: GrpcTransport,
+    listener: GrpcListener,
     grpc: mpsc::UnboundedReceiver<workers::Accepted>,
     http: mpsc::UnboundedReceiver<workers::Accepted>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let http = workers::serve_http(http, api::router(Arc::clone(&service)), stop.clone());
-    match transport {
+    match listener.transport {
         GrpcTransport::Native => {
             tokio::join!(grpc::native::serve(grpc, service, stop), http);
             Ok(())
         }
         GrpcTransport::Tonic => {
-            let grpc = tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = listener.tls {
+                // Checked at start-up (grpc::tls::server_config).
+                server = server
+                    .tls_config(tls)
+                    .map_err(|e| format!("gRPC TLS: {e}"))?;
+            }
+            let grpc = server
                 .add_service(grpc::rls::server(service))
                 .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop));
             let (grpc, ()) = tokio::join!(grpc, http);

@@ -92,9 +92,14 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", default_value = "0.0.0.0:8081")]
     pub grpc_listen: SocketAddr,
     /// The gRPC listener's HTTP/2 implementation: `native` (Tollgate's own, for unary
-    /// calls over h2c: answers a whole read of calls in one write) or `tonic`.
-    #[arg(long, env = "TOLLGATE_GRPC_TRANSPORT", value_enum, default_value_t = GrpcTransport::Native)]
-    pub grpc_transport: GrpcTransport,
+    /// calls over h2c: answers a whole read of calls in one write) or `tonic`. Default:
+    /// `native`, or `tonic` when the listener serves TLS (`--grpc-tls-cert`), which
+    /// only tonic does.
+    #[arg(long, env = "TOLLGATE_GRPC_TRANSPORT", value_enum)]
+    pub grpc_transport: Option<GrpcTransport>,
+    /// TLS on the gRPC listener.
+    #[command(flatten)]
+    pub grpc_tls: GrpcTlsArgs,
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,
@@ -104,6 +109,41 @@ pub struct ServeArgs {
     /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
     #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ratelimit_headers: bool,
+}
+
+impl ServeArgs {
+    /// The gRPC transport these flags ask for: `--grpc-transport`, else `tonic` with
+    /// TLS and `native` without; `Err` when TLS is asked of the native transport.
+    pub fn transport(&self) -> Result<GrpcTransport, String> {
+        match (self.grpc_transport, self.grpc_tls.grpc_tls_cert.is_some()) {
+            (Some(GrpcTransport::Native), true) => Err(
+                "--grpc-transport native serves cleartext HTTP/2 only; TLS on the gRPC listener \
+                 (--grpc-tls-cert) needs --grpc-transport tonic, the default with TLS"
+                    .into(),
+            ),
+            (Some(transport), _) => Ok(transport),
+            (None, true) => Ok(GrpcTransport::Tonic),
+            (None, false) => Ok(GrpcTransport::Native),
+        }
+    }
+}
+
+/// TLS on `tollgate serve`'s gRPC listener, as envoyproxy/ratelimit's
+/// `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
+/// `GRPC_CLIENT_TLS_CACERT`. The files are read once, at start-up.
+#[derive(Debug, Clone, Args)]
+pub struct GrpcTlsArgs {
+    /// PEM file of the gRPC listener's certificate chain (with --grpc-tls-key): the
+    /// listener then serves TLS only (through tonic).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM file of that certificate's private key.
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM file of the certificate authorities whose client certificates the gRPC
+    /// listener accepts: every client must then present one (mutual TLS).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
 }
 
 /// Settings `tollgate serve` and `tollgate proxy` share.

@@ -120,3 +120,15 @@ fn exit(ok: bool) -> ExitCode {
         ExitCode::FAILURE
     }
 }
+
+/// `err` and its sources, joined with `": "`, for logs and start-up errors.
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut current = err.source();
+    while let Some(e) = current {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        current = e.source();
+    }
+    out
+}

@@ -15,14 +15,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use redis_server::RedisServer;
-use support::{check_domain, tempdir, Server};
+use support::{check_domain, rls_request, tempdir, Server};
 
 /// Held by each test of this file for its whole run (a tokio mutex: it does not poison,
 /// so one failing test does not fail the others).
@@ -278,28 +274,6 @@ async fn a_stopped_redis_cannot_stall_a_request() {
         metrics.contains("tollgate_store_errors_total{kind=\"timeout\"}"),
         "{metrics}"
     );
-}
-
-/// `ShouldRateLimit` for `{k: v}` in `domain`, as Envoy would send it, with a raw
-/// `grpc-timeout` (tonic's client also gives up after it).
-fn rls_request(domain: &str, grpc_timeout: Option<&str>) -> tonic::Request<RateLimitRequest> {
-    let mut request = tonic::Request::new(RateLimitRequest {
-        domain: domain.into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "k".into(),
-                value: "v".into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 1,
-    });
-    if let Some(timeout) = grpc_timeout {
-        request
-            .metadata_mut()
-            .insert("grpc-timeout", timeout.parse().unwrap());
-    }
-    request
 }
 
 /// Envoy sends its rate limit timeout as `grpc-timeout` (20 ms by default) and gives up

@@ -226,7 +226,7 @@ impl Upstream {
                 Response::from_parts(parts, Body::new(body))
             }
             Ok(Err(err)) => {
-                let chain = error_chain(&err);
+                let chain = crate::error_chain(&err);
                 let (status, detail) = if err.is_connect() {
                     if has_io_kind(&err, io::ErrorKind::TimedOut) {
                         (
@@ -465,18 +465,6 @@ fn has_io_kind(err: &(dyn StdError + 'static), kind: io::ErrorKind) -> bool {
         current = e.source();
     }
     false
-}
-
-/// `err` and its sources, joined with `": "`, for logging.
-fn error_chain(err: &(dyn StdError + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut current = err.source();
-    while let Some(e) = current {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        current = e.source();
-    }
-    out
 }
 
 /// An RFC 9457 problem response.

@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
 /// A running server; killed when dropped.
 pub struct Server {
     /// The process.
@@ -258,4 +263,26 @@ pub async fn check_domain(client: &reqwest::Client, server: &str, domain: &str) 
         .status()
         .as_u16();
     (status, started.elapsed())
+}
+
+/// `ShouldRateLimit` for `{k: v}` in `domain`, as Envoy would send it, with a raw
+/// `grpc-timeout` (tonic's client also gives up after it).
+pub fn rls_request(domain: &str, grpc_timeout: Option<&str>) -> tonic::Request<RateLimitRequest> {
+    let mut request = tonic::Request::new(RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    });
+    if let Some(timeout) = grpc_timeout {
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", timeout.parse().unwrap());
+    }
+    request
 }

@@ -1,0 +1,92 @@
+//! TLS on the gRPC listener: the certificate chain and key, and for mutual TLS the
+//! certificate authorities of the clients, read once at start-up into tonic's
+//! [`ServerTlsConfig`] (rustls with the `ring` provider, ALPN `h2`). The native
+//! transport serves cleartext HTTP/2 only, so a TLS listener is served by tonic.
+
+use std::path::Path;
+
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::cli::GrpcTlsArgs;
+
+/// The gRPC listener's TLS settings (`None` without `--grpc-tls-cert`), checked by
+/// building tonic's acceptor once, so that a bad file stops the start; `Err` names the
+/// flag, the file and what is wrong with it.
+pub fn server_config(args: &GrpcTlsArgs) -> Result<Option<ServerTlsConfig>, String> {
+    let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
+        return Ok(None);
+    };
+    let identity = Identity::from_pem(read("--grpc-tls-cert", cert)?, read("--grpc-tls-key", key)?);
+    let mut config = ServerTlsConfig::new().identity(identity);
+    let mut files = format!(
+        "--grpc-tls-cert {}, --grpc-tls-key {}",
+        cert.display(),
+        key.display()
+    );
+    if let Some(ca) = &args.grpc_tls_client_ca {
+        config = config.client_ca_root(Certificate::from_pem(read("--grpc-tls-client-ca", ca)?));
+        files.push_str(&format!(", --grpc-tls-client-ca {}", ca.display()));
+    }
+    Server::builder()
+        .tls_config(config.clone())
+        .map_err(|e| format!("{files}: {}", crate::error_chain(&e)))?;
+    Ok(Some(config))
+}
+
+fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if pem.iter().all(u8::is_ascii_whitespace) {
+        return Err(format!("{flag} {}: the file is empty", path.display()));
+    }
+    Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn args(cert: Option<&Path>, key: Option<&Path>, ca: Option<&Path>) -> GrpcTlsArgs {
+        GrpcTlsArgs {
+            grpc_tls_cert: cert.map(Path::to_path_buf),
+            grpc_tls_key: key.map(Path::to_path_buf),
+            grpc_tls_client_ca: ca.map(Path::to_path_buf),
+        }
+    }
+
+    fn temp(name: &str, body: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tollgate-grpc-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
+    #[test]
+    fn no_certificate_no_tls() {
+        assert!(server_config(&args(None, None, None)).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_is_named() {
+        let missing = Path::new("/nonexistent/cert.pem");
+        let key = temp("key.pem", "not a key");
+        let e = server_config(&args(Some(missing), Some(&key), None)).unwrap_err();
+        assert!(
+            e.starts_with("--grpc-tls-cert /nonexistent/cert.pem: "),
+            "{e}"
+        );
+        let empty = temp("empty.pem", "\n");
+        let e = server_config(&args(Some(&empty), Some(&key), None)).unwrap_err();
+        assert!(e.contains("--grpc-tls-cert") && e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_pem_is_refused_with_the_files_named() {
+        let cert = temp("cert.txt", "hello");
+        let key = temp("key.txt", "world");
+        let e = server_config(&args(Some(&cert), Some(&key), None)).unwrap_err();
+        assert!(e.contains("cert.txt") && e.contains("key.txt"), "{e}");
+    }
+}
