@@ -72,10 +72,33 @@ def log_text(path):
         return f.read()
 
 
-@pytest.fixture(scope="module", params=["native", "tonic"])
+def make_certificates(directory):
+    """With `openssl`: a CA (`ca.pem`), a server certificate for 127.0.0.1 and localhost
+    (`server.pem`, `server.key`) and a client certificate (`client.pem`, `client.key`),
+    both signed by the CA."""
+    def openssl(*args):
+        done = subprocess.run(["openssl", *args], cwd=directory, capture_output=True)
+        assert done.returncode == 0, f"openssl {args} failed: {done.stderr.decode()}"
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", "-new", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=tollgate python test CA")
+    (directory / "server.ext").write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for who in ["server", "client"]:
+        openssl("req", "-new", *key, "-keyout", f"{who}.key", "-out", f"{who}.csr",
+                "-subj", f"/CN=tollgate python test {who}")
+        openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext")
+
+
+@pytest.fixture(scope="module", params=["native", "tonic", "mutual-tls"])
 def stub(request, tmp_path_factory):
     """A running `tollgate serve` with RULES, and a stub connected to its gRPC port;
-    every test runs on both gRPC transports (`--grpc-transport`).
+    every test runs on both gRPC transports (`--grpc-transport`), and over mutual TLS
+    (`--grpc-tls-cert`, `--grpc-tls-key`, `--grpc-tls-client-ca`: served by tonic, with
+    grpcio's BoringSSL as the client, the TLS library Envoy uses).
 
     At the end: SIGTERM, and the server must drain and exit 0 within a few seconds.
     """
@@ -96,8 +119,18 @@ def stub(request, tmp_path_factory):
         "--grpc-listen", f"{HOST}:{grpc_port}",
         "--http-listen", f"{HOST}:{http_port}",
         "--legacy-headers",
-        "--grpc-transport", request.param,
     ]
+    if request.param == "mutual-tls":
+        certificates = tmp / "certificates"
+        certificates.mkdir()
+        make_certificates(certificates)
+        command += [
+            "--grpc-tls-cert", str(certificates / "server.pem"),
+            "--grpc-tls-key", str(certificates / "server.key"),
+            "--grpc-tls-client-ca", str(certificates / "ca.pem"),
+        ]
+    else:
+        command += ["--grpc-transport", request.param]
     # No TOLLGATE_* settings from the caller's environment: only the flags above count.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
     with open(log_path, "wb") as log:
@@ -112,10 +145,21 @@ def stub(request, tmp_path_factory):
                 pytest.fail(f"{ready} did not answer 200 within 10 s:\n{log_text(log_path)}")
             time.sleep(0.05)
 
-        channel = grpc.insecure_channel(f"{HOST}:{grpc_port}", options=[("grpc.enable_http_proxy", 0)])
+        options = [("grpc.enable_http_proxy", 0)]
+        if request.param == "mutual-tls":
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=(certificates / "ca.pem").read_bytes(),
+                private_key=(certificates / "client.key").read_bytes(),
+                certificate_chain=(certificates / "client.pem").read_bytes(),
+            )
+            channel = grpc.secure_channel(f"{HOST}:{grpc_port}", credentials, options=options)
+        else:
+            channel = grpc.insecure_channel(f"{HOST}:{grpc_port}", options=options)
         try:
             stub = rls_pb2_grpc.RateLimitServiceStub(channel)
             stub.channel = channel
+            stub.target = f"{HOST}:{grpc_port}"
+            stub.certificates = certificates if request.param == "mutual-tls" else None
             yield stub
         finally:
             channel.close()
@@ -291,6 +335,31 @@ def test_a_domain_without_rules_is_not_limited(stub):
     assert len(response.statuses) == 1
     assert response.statuses[0].code == OK
     assert not response.statuses[0].HasField("current_limit")
+
+
+def test_a_client_of_the_wrong_kind_is_refused(stub):
+    """A cleartext listener refuses a TLS client; a mutual TLS listener refuses a
+    cleartext client, and a TLS client that presents no certificate."""
+    options = [("grpc.enable_http_proxy", 0)]
+    if stub.certificates is None:
+        wrong = [grpc.secure_channel(stub.target, grpc.ssl_channel_credentials(), options=options)]
+    else:
+        ca = (stub.certificates / "ca.pem").read_bytes()
+        wrong = [
+            grpc.insecure_channel(stub.target, options=options),
+            grpc.secure_channel(stub.target, grpc.ssl_channel_credentials(root_certificates=ca),
+                                options=options),
+        ]
+    for channel in wrong:
+        try:
+            other = rls_pb2_grpc.RateLimitServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as error:
+                other.ShouldRateLimit(request("test", [("user", "wrong-kind")]), timeout=5)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value
+        finally:
+            channel.close()
+    # The right client still is answered.
+    assert check(stub, [("user", "wrong-kind")]).overall_code == OK
 
 
 def test_an_unknown_method_is_unimplemented(stub):
