@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
@@ -156,6 +157,13 @@ async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let http_tls = match args.http_tls.acceptor() {
+        Ok(tls) => tls,
+        Err(e) => {
+            error!("cannot serve HTTP over TLS: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let grpc_tls = match grpc::tls::server_config(&args.grpc_tls) {
         Ok(tls) => tls,
         Err(e) => {
@@ -214,6 +222,7 @@ async fn run(args: ServeArgs) -> ExitCode {
                 transport,
                 tls: grpc_tls.clone(),
             };
+            let http = (http, http_tls.clone());
             serve_worker(Arc::clone(&service), listener, grpc, http, stop.clone())
         }
     }) else {
@@ -232,7 +241,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
@@ -248,16 +257,20 @@ struct GrpcListener {
     tls: Option<ServerTlsConfig>,
 }
 
-/// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
-/// the acceptors hand it, until `stop`; then both drain.
+/// One worker of `tollgate serve`: the gRPC server and the HTTP API (over TLS with its
+/// acceptor) on the connections the acceptors hand it, until `stop`; then both drain.
 async fn serve_worker(
     service: Arc<Service>,
     listener: GrpcListener,
     grpc: mpsc::UnboundedReceiver<workers::Accepted>,
-    http: mpsc::UnboundedReceiver<workers::Accepted>,
+    (http, http_tls): (
+        mpsc::UnboundedReceiver<workers::Accepted>,
+        Option<TlsAcceptor>,
+    ),
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let http = workers::serve_http(http, api::router(Arc::clone(&service)), stop.clone());
+    let router = api::router(Arc::clone(&service));
+    let http = workers::serve_http(http, router, http_tls, stop.clone());
     match listener.transport {
         GrpcTransport::Native => {
             tokio::join!(grpc::native::serve(grpc, service, stop), http);

@@ -1,10 +1,11 @@
 //! The command line: every subcommand and flag, with its environment variable and default.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio_rustls::TlsAcceptor;
 use tollgate::store::RedisTls;
 
 /// Tollgate: an exact, fast rate limiter.
@@ -103,6 +104,9 @@ pub struct ServeArgs {
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,
+    /// TLS on the HTTP listener.
+    #[command(flatten)]
+    pub http_tls: HttpTlsArgs,
     /// Global shadow mode: report every status, but always answer OK overall.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
@@ -144,6 +148,76 @@ pub struct GrpcTlsArgs {
     /// listener accepts: every client must then present one (mutual TLS).
     #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     pub grpc_tls_client_ca: Option<PathBuf>,
+}
+
+/// TLS on `tollgate serve`'s HTTP listener (the API and the admin endpoints).
+#[derive(Debug, Clone, Args)]
+pub struct HttpTlsArgs {
+    /// PEM file of the HTTP listener's certificate chain (with --http-tls-key): the
+    /// listener then serves HTTPS only (HTTP/1.1, and HTTP/2 by ALPN).
+    #[arg(long, env = "TOLLGATE_HTTP_TLS_CERT", requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM file of that certificate's private key.
+    #[arg(long, env = "TOLLGATE_HTTP_TLS_KEY", requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
+    /// PEM file of the certificate authorities whose client certificates the HTTP
+    /// listener accepts: every client must then present one (mutual TLS).
+    #[arg(long, env = "TOLLGATE_HTTP_TLS_CLIENT_CA", requires = "http_tls_cert")]
+    pub http_tls_client_ca: Option<PathBuf>,
+}
+
+impl HttpTlsArgs {
+    /// The listener's TLS acceptor (`None` without a certificate), or which file is
+    /// wrong and how.
+    pub fn acceptor(&self) -> Result<Option<TlsAcceptor>, String> {
+        listener_tls(
+            ("--http-tls-cert", self.http_tls_cert.as_deref()),
+            ("--http-tls-key", self.http_tls_key.as_deref()),
+            ("--http-tls-client-ca", self.http_tls_client_ca.as_deref()),
+        )
+    }
+}
+
+/// TLS on `tollgate proxy`'s listener (the gateway; not the admin listener).
+#[derive(Debug, Clone, Args)]
+pub struct ProxyTlsArgs {
+    /// PEM file of the gateway's certificate chain (with --tls-key): the gateway then
+    /// serves HTTPS only (HTTP/1.1, and HTTP/2 by ALPN), and tells the upstream so
+    /// (`X-Forwarded-Proto: https`).
+    #[arg(long, env = "TOLLGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of that certificate's private key.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM file of the certificate authorities whose client certificates the gateway
+    /// accepts: every client must then present one (mutual TLS).
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl ProxyTlsArgs {
+    /// The gateway's TLS acceptor (`None` without a certificate), or which file is
+    /// wrong and how.
+    pub fn acceptor(&self) -> Result<Option<TlsAcceptor>, String> {
+        listener_tls(
+            ("--tls-cert", self.tls_cert.as_deref()),
+            ("--tls-key", self.tls_key.as_deref()),
+            ("--tls-client-ca", self.tls_client_ca.as_deref()),
+        )
+    }
+}
+
+/// A listener's TLS acceptor from its flags (name, file), `None` without a certificate.
+fn listener_tls(
+    cert: (&str, Option<&Path>),
+    key: (&str, Option<&Path>),
+    client_ca: (&str, Option<&Path>),
+) -> Result<Option<TlsAcceptor>, String> {
+    let (Some(cert_file), Some(key_file)) = (cert.1, key.1) else {
+        return Ok(None);
+    };
+    let ca = client_ca.1.map(|file| (client_ca.0, file));
+    crate::tls::acceptor((cert.0, cert_file), (key.0, key_file), ca).map(Some)
 }
 
 /// Settings `tollgate serve` and `tollgate proxy` share.
@@ -273,6 +347,9 @@ pub struct ProxyArgs {
     /// crashed instance's permits come back after it).
     #[arg(long, env = "TOLLGATE_PERMIT_LEASE", default_value = "30s", value_parser = parse_duration)]
     pub permit_lease: Duration,
+    /// TLS on the gateway's listener.
+    #[command(flatten)]
+    pub tls: ProxyTlsArgs,
     /// Address for the admin endpoints (`/metrics`, `/healthz`, `/readyz`,
     /// `/healthcheck`, `/rules`, `POST /reload`); none when not set.
     #[arg(long, env = "TOLLGATE_ADMIN_LISTEN")]

@@ -9,6 +9,7 @@ mod metrics;
 mod proxy;
 mod service;
 mod store;
+mod tls;
 mod validate;
 mod workers;
 

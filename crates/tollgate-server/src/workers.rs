@@ -28,6 +28,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::app::stopped;
@@ -201,16 +202,22 @@ pub(crate) fn incoming(
     })
 }
 
-/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on the connections a worker is handed,
-/// with `service`, until `stop` or the acceptor ends; then lets the open connections
-/// finish their requests (idle keep-alive connections are closed at once). The
-/// client's address is in each request's extensions as `ConnectInfo<SocketAddr>`.
+/// How long a client has to finish its TLS handshake before its connection is closed.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves HTTP/1.1 and HTTP/2 (prior knowledge, or by ALPN over TLS) on the
+/// connections a worker is handed, with `service`, until `stop` or the acceptor ends;
+/// then lets the open connections finish their requests (idle keep-alive connections
+/// are closed at once). With `tls`, every connection first completes a TLS handshake
+/// (within [`TLS_HANDSHAKE_TIMEOUT`], in its own task) or is closed. The client's
+/// address is in each request's extensions as `ConnectInfo<SocketAddr>`.
 ///
 /// hyper directly, not `axum::serve`: it takes the connections from the channel, and
 /// the gateway has no routes (axum's router was a visible share of a 429, callgrind).
 pub(crate) async fn serve_http<S>(
     mut connections: mpsc::UnboundedReceiver<Accepted>,
     service: S,
+    tls: Option<TlsAcceptor>,
     stop: watch::Receiver<bool>,
 ) where
     S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
@@ -245,12 +252,36 @@ pub(crate) async fn serve_http<S>(
                 request
             })
             .service(service.clone());
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let Some(tls) = &tls else {
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
+                .into_owned();
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    debug!(%peer, "connection ended: {e}");
+                }
+            });
+            continue;
+        };
+        let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let stream = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    debug!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "TLS handshake not done within {TLS_HANDSHAKE_TIMEOUT:?}");
+                    return;
+                }
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
+                .into_owned();
+            if let Err(e) = watcher.watch(connection).await {
                 debug!(%peer, "connection ended: {e}");
             }
         });
@@ -306,7 +337,7 @@ mod tests {
             move |rx| {
                 let stop = stop.clone();
                 async move {
-                    serve_http(rx, whoami(), stop).await;
+                    serve_http(rx, whoami(), None, stop).await;
                     Ok(())
                 }
             }

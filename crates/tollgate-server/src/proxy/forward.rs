@@ -15,8 +15,8 @@
 //! - `X-Forwarded-For`: the client's IP (from the
 //!   [`ConnectInfo<SocketAddr>`](axum::extract::ConnectInfo) request
 //!   extension, when present) is appended to any existing value;
-//! - `X-Forwarded-Proto: http` and `X-Forwarded-Host: <original Host>` are
-//!   added when the client did not send them;
+//! - `X-Forwarded-Proto: http` (`https` when the gateway serves TLS) and
+//!   `X-Forwarded-Host: <original Host>` are added when the client did not send them;
 //! - the response's status, end-to-end headers and body.
 //!
 //! What is removed, from the request and from the response: the hop-by-hop
@@ -67,6 +67,9 @@ pub struct ForwardSettings {
     /// How long an idle pooled keep-alive connection is kept open before it
     /// is closed (default 90 s).
     pub idle_timeout: Duration,
+    /// Whether clients reach the gateway over TLS: the `X-Forwarded-Proto` added
+    /// upstream is then `https` (default false: `http`).
+    pub client_tls: bool,
 }
 
 impl Default for ForwardSettings {
@@ -75,6 +78,7 @@ impl Default for ForwardSettings {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(90),
+            client_tls: false,
         }
     }
 }
@@ -288,6 +292,15 @@ impl Upstream {
 }
 
 impl Inner {
+    /// The scheme clients used to reach the gateway.
+    fn scheme(&self) -> &'static str {
+        if self.settings.client_tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// Rewrites a client request into the request sent upstream.
     fn prepare(&self, req: Request<Body>) -> Result<Request<Body>, String> {
         let (mut parts, body) = req.into_parts();
@@ -314,7 +327,7 @@ impl Inner {
         if !parts.headers.contains_key(X_FORWARDED_PROTO) {
             parts
                 .headers
-                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+                .insert(X_FORWARDED_PROTO, HeaderValue::from_static(self.scheme()));
         }
         if let Some(host) = original_host {
             if !parts.headers.contains_key(X_FORWARDED_HOST) {

@@ -59,9 +59,17 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         _watcher,
         ..
     } = core;
+    let tls = match args.tls.acceptor() {
+        Ok(tls) => tls,
+        Err(e) => {
+            error!("cannot serve TLS: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let settings = ForwardSettings {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
+        client_tls: tls.is_some(),
         ..ForwardSettings::default()
     };
     let upstream = match Upstream::new(&args.upstream, settings) {
@@ -146,12 +154,14 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let (senders, receivers) = workers::channels(count);
     let Some(done) = workers::spawn("tollgate-proxy", receivers, {
         let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
+        let tls = tls.clone();
         move |connections| {
             let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
+            let tls = tls.clone();
             async move {
                 // Each worker has its own upstream connection pool.
                 let upstream = Upstream::new(&upstream, settings)?;
-                workers::serve_http(connections, layer.layer(upstream), stop).await;
+                workers::serve_http(connections, layer.layer(upstream), tls, stop).await;
                 Ok(())
             }
         }
@@ -173,7 +183,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     });
     let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
     service.set_ready(true);
-    info!(listen = %addr, admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
+    info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
     service.set_ready(false);

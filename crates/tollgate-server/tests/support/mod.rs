@@ -50,6 +50,28 @@ impl Server {
     /// until `/readyz` answers 200. A port found free can be taken before the server
     /// binds it; a server that exits at start is tried again on new ports.
     pub async fn start(rules: &Path, args: &[&str]) -> Server {
+        // A timeout: whatever listens there might never answer.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        Server::start_probed(rules, args, |http| {
+            let client = client.clone();
+            async move {
+                let r = client.get(format!("http://{http}/readyz")).send().await;
+                r.is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await
+    }
+
+    /// [`Server::start`], asking `ready` (with the HTTP listener's `host:port`) whether
+    /// the server is ready, for a listener a plain HTTP client cannot ask (TLS).
+    pub async fn start_probed<F, Fut>(rules: &Path, args: &[&str], ready: F) -> Server
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
         let mut exits = Vec::new();
         for _ in 0..5 {
             let (grpc, http) = (
@@ -74,18 +96,8 @@ impl Server {
                 grpc,
                 rules: rules.to_path_buf(),
             };
-            let url = format!("{}/readyz", server.http);
-            // A timeout: whatever listens there might never answer.
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(1))
-                .build()
-                .unwrap();
-            match wait_until(&mut server.child, &server.http, || async {
-                let r = client.get(&url).send().await;
-                r.is_ok_and(|r| r.status() == 200)
-            })
-            .await
-            {
+            let what = server.http.clone();
+            match wait_until(&mut server.child, &what, || ready(http.clone())).await {
                 Ok(()) => return server,
                 Err(status) => exits.push(status),
             }
