@@ -37,7 +37,12 @@
 #   SKIP_TOLLGATE=1 (nginx and the upstream only; no build, no tollgate rows)
 #   TOLLGATE_BIN (default: $CARGO_TARGET_DIR or <repo>/target, then release/tollgate)
 #   NGINX (nginx binary; default: from PATH or /usr/sbin/nginx)  KEEP_TMP=1
-# Needs: nginx, wrk, curl, pgrep, getconf; cargo only if the tollgate binary is missing.
+#   TLS=1 (both proxies serve HTTPS with one self-signed P-256 certificate that openssl
+#   makes: nginx `listen ... ssl`, tollgate `--tls-cert/--tls-key`; wrk connects over TLS
+#   and keeps its connections, so this measures encrypted proxying, not handshakes; the
+#   upstream stays cleartext)
+# Needs: nginx, wrk, curl, pgrep, getconf (and openssl with TLS=1); cargo only if the
+# tollgate binary is missing.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -165,6 +170,17 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+tls="${TLS:-}"
+[[ "$tls" == 0 ]] && tls=""
+if [[ -n "$tls" ]]; then
+  command -v openssl >/dev/null || die "openssl is required for TLS=1"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -keyout "$work/tls.key" -out "$work/tls.pem" -subj /CN=localhost \
+    -addext subjectAltName=IP:127.0.0.1 2>/dev/null || die "openssl could not make a certificate"
+fi
+scheme="http"
+[[ -z "$tls" ]] || scheme="https"
+
 up_port="${UP_PORT:-$(free_port)}"
 nginx_port="${NGINX_PORT:-$(free_port)}"
 while [[ "$nginx_port" == "$up_port" ]]; do nginx_port="$(free_port)"; done
@@ -241,7 +257,12 @@ for s in $scenarios; do
     }
     limit_req_zone \$binary_remote_addr zone=perip:10m rate=${rate}r/s;
     server {
-        listen 127.0.0.1:$nginx_port;
+        listen 127.0.0.1:$nginx_port${tls:+ ssl};
+$(if [[ -n "$tls" ]]; then
+  echo "        ssl_certificate $work/tls.pem;"
+  echo "        ssl_certificate_key $work/tls.key;"
+  echo "        ssl_protocols TLSv1.2 TLSv1.3;"
+fi)
         location / {
             limit_req zone=perip burst=$burst nodelay;
             limit_req_status 429;
@@ -278,11 +299,12 @@ nginx_cmd() { # SCENARIO
 tg_cmd() { # SCENARIO
   tg_cmd_out=("$tg_bin" proxy --listen "127.0.0.1:$tg_port"
     --upstream "http://127.0.0.1:$up_port" --config "$work/$1/rules.yaml")
+  [[ -z "$tls" ]] || tg_cmd_out+=(--tls-cert "$work/tls.pem" --tls-key "$work/tls.key")
 }
 wrk_cmd=(wrk "-t$threads" "-c$conns" "-d$duration" --latency)
 up_url="http://127.0.0.1:$up_port/"
-nginx_url="http://127.0.0.1:$nginx_port/"
-tg_url="http://127.0.0.1:$tg_port/"
+nginx_url="$scheme://127.0.0.1:$nginx_port/"
+tg_url="$scheme://127.0.0.1:$tg_port/"
 
 quote() { local a out=""; for a in "$@"; do out+="$(printf '%q' "$a") "; done; echo "${out% }"; }
 
@@ -290,7 +312,7 @@ quote() { local a out=""; for a in "$@"; do out+="$(printf '%q' "$a") "; done; e
 # Header: environment, exact commands, configs.
 # ---------------------------------------------------------------------------------
 {
-  echo "# tollgate proxy vs nginx limit_req"
+  echo "# tollgate proxy vs nginx limit_req${tls:+, both over TLS}"
   echo
   line="$(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -sr), $(nproc) cores; $("$nginx_bin" -v 2>&1)"
   line+="; $( (wrk -v 2>&1 || true) | head -n 1 | cut -d' ' -f1-2)"
@@ -352,7 +374,7 @@ wait_ready() { # NAME PID URL LOG
       cat "$logf" >&2 2>/dev/null || true
       die "$name exited before answering on $url"
     fi
-    code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)"
+    code="$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)"
     [[ "$code" == 200 ]] && return 0
     sleep 0.1
   done
