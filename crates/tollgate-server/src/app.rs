@@ -218,12 +218,12 @@ async fn run(args: ServeArgs) -> ExitCode {
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
         move |(grpc, http)| {
-            let listener = GrpcListener {
+            let listeners = Listeners {
                 transport,
-                tls: grpc_tls.clone(),
+                grpc_tls: grpc_tls.clone(),
+                http_tls: http_tls.clone(),
             };
-            let http = (http, http_tls.clone());
-            serve_worker(Arc::clone(&service), listener, grpc, http, stop.clone())
+            serve_worker(Arc::clone(&service), listeners, grpc, http, stop.clone())
         }
     }) else {
         return ExitCode::FAILURE;
@@ -251,34 +251,35 @@ async fn run(args: ServeArgs) -> ExitCode {
     workers::drain(args.common.drain_timeout, acceptors, done).await
 }
 
-/// How the gRPC listener serves: its transport and, on tonic, its TLS settings.
-struct GrpcListener {
+/// How a worker serves its two listeners' connections.
+struct Listeners {
+    /// The gRPC listener's HTTP/2 implementation.
     transport: GrpcTransport,
-    tls: Option<ServerTlsConfig>,
+    /// TLS on the gRPC listener (tonic only).
+    grpc_tls: Option<ServerTlsConfig>,
+    /// TLS on the HTTP listener.
+    http_tls: Option<TlsAcceptor>,
 }
 
-/// One worker of `tollgate serve`: the gRPC server and the HTTP API (over TLS with its
-/// acceptor) on the connections the acceptors hand it, until `stop`; then both drain.
+/// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
+/// the acceptors hand it, as `listeners` says, until `stop`; then both drain.
 async fn serve_worker(
     service: Arc<Service>,
-    listener: GrpcListener,
+    listeners: Listeners,
     grpc: mpsc::UnboundedReceiver<workers::Accepted>,
-    (http, http_tls): (
-        mpsc::UnboundedReceiver<workers::Accepted>,
-        Option<TlsAcceptor>,
-    ),
+    http: mpsc::UnboundedReceiver<workers::Accepted>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let router = api::router(Arc::clone(&service));
-    let http = workers::serve_http(http, router, http_tls, stop.clone());
-    match listener.transport {
+    let http = workers::serve_http(http, router, listeners.http_tls, stop.clone());
+    match listeners.transport {
         GrpcTransport::Native => {
             tokio::join!(grpc::native::serve(grpc, service, stop), http);
             Ok(())
         }
         GrpcTransport::Tonic => {
             let mut server = tonic::transport::Server::builder();
-            if let Some(tls) = listener.tls {
+            if let Some(tls) = listeners.grpc_tls {
                 // Checked at start-up (grpc::tls::server_config).
                 server = server
                     .tls_config(tls)
