@@ -47,6 +47,17 @@ pub enum Mode {
         #[arg(long, env = "TOLLGATE_LOAD_CONNECTIONS", default_value_t = 4,
               value_parser = clap::value_parser!(u32).range(1..))]
         connections: u32,
+        /// Connect over TLS, trusting the certificate authorities of this PEM file
+        /// (with `--transport tonic`; the native client speaks cleartext only).
+        #[arg(long, env = "TOLLGATE_LOAD_TLS_CA")]
+        tls_ca: Option<std::path::PathBuf>,
+        /// The name the server's certificate must carry, with `--tls-ca`.
+        #[arg(
+            long,
+            env = "TOLLGATE_LOAD_TLS_SERVER_NAME",
+            default_value = "localhost"
+        )]
+        tls_server_name: String,
         /// Keys, domain and descriptor entry key.
         #[command(flatten)]
         keys: KeyArgs,

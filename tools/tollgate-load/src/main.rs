@@ -69,10 +69,24 @@ async fn run(mode: Mode) -> Result<ExitCode, String> {
             addr,
             transport,
             connections,
+            tls_ca,
+            tls_server_name,
             keys,
             common,
         } => {
             let info = run_info("grpc", addr.clone(), Some(keys.keys), &common);
+            let tls = match tls_ca {
+                None => None,
+                Some(_) if transport == Transport::Native => return Err(
+                    "--tls-ca needs --transport tonic (the native client speaks cleartext only)"
+                        .into(),
+                ),
+                Some(ca) => Some(grpc::Tls {
+                    ca_pem: std::fs::read(&ca)
+                        .map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?,
+                    server_name: tls_server_name,
+                }),
+            };
             match transport {
                 Transport::Native => {
                     let target = grpc_native::NativeGrpcTarget::connect(
@@ -86,7 +100,8 @@ async fn run(mode: Mode) -> Result<ExitCode, String> {
                 }
                 Transport::Tonic => {
                     let target =
-                        grpc::GrpcTarget::connect(&addr, connections, keys, common.timeout).await?;
+                        grpc::GrpcTarget::connect(&addr, connections, tls, keys, common.timeout)
+                            .await?;
                     drive(target, info, &common).await
                 }
             }
