@@ -59,7 +59,8 @@ fn named((flag, path): FlagFile<'_>) -> String {
     format!("{flag} {}", path.display())
 }
 
-fn read(file: FlagFile<'_>) -> Result<Vec<u8>, String> {
+/// The bytes of a file given by a flag; `Err` names both.
+pub fn read(file: FlagFile<'_>) -> Result<Vec<u8>, String> {
     std::fs::read(file.1).map_err(|e| format!("{}: {e}", named(file)))
 }
 

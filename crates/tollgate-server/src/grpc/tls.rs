@@ -3,47 +3,41 @@
 //! [`ServerTlsConfig`] (rustls with the `ring` provider, ALPN `h2`). The native
 //! transport serves cleartext HTTP/2 only, so a TLS listener is served by tonic.
 
-use std::path::Path;
-
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::cli::GrpcTlsArgs;
+use crate::tls;
 
-/// The gRPC listener's TLS settings (`None` without `--grpc-tls-cert`), checked by
-/// building tonic's acceptor once, so that a bad file stops the start; `Err` names the
-/// flag, the file and what is wrong with it.
+/// The gRPC listener's TLS settings (`None` without `--grpc-tls-cert`), so that a bad
+/// file stops the start: first the checks the HTTP listeners' files get
+/// ([`crate::tls::acceptor`]: a certificate in the file, a private key that matches it,
+/// usable CA certificates), then tonic's own, by building its acceptor once. `Err`
+/// names the flag, the file and what is wrong with it.
 pub fn server_config(args: &GrpcTlsArgs) -> Result<Option<ServerTlsConfig>, String> {
     let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
         return Ok(None);
     };
-    let identity = Identity::from_pem(read("--grpc-tls-cert", cert)?, read("--grpc-tls-key", key)?);
+    let cert = ("--grpc-tls-cert", cert.as_path());
+    let key = ("--grpc-tls-key", key.as_path());
+    let ca = args
+        .grpc_tls_client_ca
+        .as_deref()
+        .map(|ca| ("--grpc-tls-client-ca", ca));
+    tls::acceptor(cert, key, ca)?;
+    let identity = Identity::from_pem(tls::read(cert)?, tls::read(key)?);
     let mut config = ServerTlsConfig::new().identity(identity);
-    let mut files = format!(
-        "--grpc-tls-cert {}, --grpc-tls-key {}",
-        cert.display(),
-        key.display()
-    );
-    if let Some(ca) = &args.grpc_tls_client_ca {
-        config = config.client_ca_root(Certificate::from_pem(read("--grpc-tls-client-ca", ca)?));
-        files.push_str(&format!(", --grpc-tls-client-ca {}", ca.display()));
+    if let Some(ca) = ca {
+        config = config.client_ca_root(Certificate::from_pem(tls::read(ca)?));
     }
     Server::builder()
         .tls_config(config.clone())
-        .map_err(|e| format!("{files}: {}", crate::error_chain(&e)))?;
+        .map_err(|e| format!("the gRPC listener's TLS: {}", crate::error_chain(&e)))?;
     Ok(Some(config))
-}
-
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
-    if pem.iter().all(u8::is_ascii_whitespace) {
-        return Err(format!("{flag} {}: the file is empty", path.display()));
-    }
-    Ok(pem)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
 
     use super::*;
 
@@ -79,14 +73,20 @@ mod tests {
         );
         let empty = temp("empty.pem", "\n");
         let e = server_config(&args(Some(&empty), Some(&key), None)).unwrap_err();
-        assert!(e.contains("--grpc-tls-cert") && e.contains("empty"), "{e}");
+        assert!(
+            e.contains("--grpc-tls-cert") && e.contains("no certificate"),
+            "{e}"
+        );
     }
 
     #[test]
-    fn a_file_that_is_not_pem_is_refused_with_the_files_named() {
+    fn a_file_that_is_not_pem_is_refused_and_named() {
         let cert = temp("cert.txt", "hello");
         let key = temp("key.txt", "world");
         let e = server_config(&args(Some(&cert), Some(&key), None)).unwrap_err();
-        assert!(e.contains("cert.txt") && e.contains("key.txt"), "{e}");
+        assert!(
+            e.contains("cert.txt") && e.contains("no certificate"),
+            "{e}"
+        );
     }
 }
