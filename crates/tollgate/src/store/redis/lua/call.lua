@@ -18,8 +18,9 @@
 -- for a check admitted with no retry and no delay (most answers), just remaining (never
 -- negative) and reset_after. (Redis turned each integer of a table into its reply for
 -- about 1,000 instructions; one struct.pack per check and a table.concat cost less:
--- tools/bench-lua.sh, 29,600 -> 28,100 per decision. struct.pack costs Redis about 480
--- instructions per number: the short form saves about 1,400 per admitted check.)
+-- tools/bench-lua.sh, 29,600 -> 28,100 per decision; the numbers of every check kept
+-- in one table and packed once at the end cost less again: 18,821 -> 18,440 for a
+-- fixed window of an hour. The short form saves about 1,400 per admitted check.)
 -- All or nothing, as the in-memory store: if a check not in shadow mode is rejected,
 -- every charge made by its request is taken back (lockouts stay), and the request's
 -- admitted checks are decided again without charging.
@@ -67,10 +68,12 @@ if requests > 1 then
   end
 end
 
--- The answers, one string of little-endian doubles per check (see the top: two for a
--- plain admission, six otherwise): Redis turns a string into its reply for far less
--- than five integers.
+-- The answers' numbers, check after check (see the top: two for a plain admission, six
+-- otherwise), packed into one string of little-endian doubles at the end: Redis turns
+-- a string into its reply for far less than the integers, and one struct.pack costs
+-- less than one per check.
 local out, o, key = {}, 0, 1
+local spread, rep = unpack, string.rep
 local unpack, pack = UNPACK, PACK
 -- The function deciding a lone check (made by its algorithm's ALONE), by its request's
 -- argument: under Redis TIME the same argument (the same limit and cost) decides the
@@ -120,11 +123,13 @@ for q = 1, requests do
       redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(a))
       a, b, c, d, e = -2, 0, 0, 0, 0
     end
-    o = o + 1
     if a == 1 and d == 0 and e == 0 then
-      out[o] = pack('<dd', b, c)
+      out[o + 1], out[o + 2] = b, c
+      o = o + 2
     else
-      out[o] = pack('<dddddd', -1, a, b, c, d, e)
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
+        -1, a, b, c, d, e
+      o = o + 6
     end
     key = key + 1
   end
@@ -176,9 +181,19 @@ for q = 1, requests do
     end
     for i = 1, count do
       local d = decisions[i]
-      o = o + 1
-      out[o] = pack('<dddddd', -1, d[1], d[2], d[3], d[4], d[5])
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
+        -1, d[1], d[2], d[3], d[4], d[5]
+      o = o + 6
     end
   end
 end
-return table.concat(out)
+-- Packed at the end, at most 1,000 numbers per struct.pack (their arguments live on
+-- Lua's stack).
+if o <= 1000 then return pack('<' .. rep('d', o), spread(out, 1, o)) end
+local parts = {}
+for i = 1, o, 1000 do
+  local j = i + 999
+  if j > o then j = o end
+  parts[#parts + 1] = pack('<' .. rep('d', j - i + 1), spread(out, i, j))
+end
+return table.concat(parts)

@@ -52,8 +52,8 @@ ALONE[1] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
     local new = count + cost
     if new <= limit then
       if cost > 0 then
-        local state = PACK('dddd', es, en * tick, new, 0)
         if fresh then
+          local state = PACK('dddd', es, en * tick, new, 0)
           local ms = SLACK_MS + tick_to_ms(tick, e)
           if ms < 1 then ms = 1 end
           if raw then
@@ -62,9 +62,10 @@ ALONE[1] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
             lone_create(key, state, px(ms))
           end
         else
-          -- The same window (so a state was read): the key already expires at its end
-          -- (plus the slack), as PX would set it again; SETRANGE keeps that TTL.
-          CALL('SETRANGE', key, '0', state)
+          -- The same window (so a state was read): only the count (the third double,
+          -- at byte 16) changes, and the key already expires at the window's end (plus
+          -- the slack), as PX would set it again; SETRANGE keeps that TTL.
+          CALL('SETRANGE', key, '16', PACK('d', new))
         end
       end
       return 1, limit - new, e, 0, 0
