@@ -9,7 +9,7 @@
 //! price: each runtime's calls are smaller, so Redis spends more per decision when it is
 //! lightly loaded. On this 2-core VM, `tollgate serve` at 30,000 requests per second
 //! spent 21.8–24.0 µs of CPU per request against 26.4–27.5 µs with one shared batcher,
-//! and Redis 16.6–18.0 against 14.3–15.3 µs per decision (README, Benchmarks, "Redis").
+//! and Redis 16.6–18.0 against 14.3–15.3 µs per decision (docs/benchmarks.md, "Redis").
 //!
 //! Other callers (a multi-threaded runtime) share one batcher and connection, started
 //! with the store; so does everyone over TLS (redis-rs reads the system's certificate
