@@ -227,7 +227,8 @@ pub struct CommonArgs {
     #[arg(long, env = "TOLLGATE_CONFIG", required = true, value_delimiter = ',')]
     pub config: Vec<PathBuf>,
     /// Where counters live: `memory` (embedded, per instance), `redis://host:port[/db]`
-    /// (shared by every instance on that Redis) or `redis+cluster://host:port,host:port`.
+    /// (shared by every instance on that Redis), `redis+unix:///path/to/redis.sock` (a
+    /// Redis on this host, through its Unix socket) or `redis+cluster://host:port,host:port`.
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
     pub store: String,
     /// Deadline of each Redis call; past it, each rule's `failure_mode` answers. A gRPC

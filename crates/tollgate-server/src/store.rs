@@ -34,7 +34,8 @@ pub struct StoreOptions {
 }
 
 impl AnyStore {
-    /// Opens `spec`: `memory`, `redis://host:port`, or `redis+cluster://h1:p1,h2:p2`.
+    /// Opens `spec`: `memory`, `redis://host:port`, `redis+unix:///path`, or
+    /// `redis+cluster://h1:p1,h2:p2`.
     pub async fn open(spec: &str, options: &StoreOptions) -> Result<Self, String> {
         if spec == "memory" {
             if options.tls.is_some() {
@@ -47,9 +48,9 @@ impl AnyStore {
                 MemoryStore::builder().max_keys(options.max_keys).build(),
             ));
         }
-        if !spec.starts_with("redis") {
+        if !spec.starts_with("redis") && !spec.starts_with("unix://") {
             return Err(format!(
-                "unknown store `{spec}` (expected memory, redis://host:port, rediss://host:port or redis+cluster://host:port,host:port)"
+                "unknown store `{spec}` (expected memory, redis://host:port, rediss://host:port, redis+unix:///path or redis+cluster://host:port,host:port)"
             ));
         }
         let mut builder = RedisStore::builder(spec)

@@ -1306,6 +1306,45 @@ fn a_tiny_budget_still_gets_redis_decision() {
     assert_eq!(store.stats().timeouts, 0);
 }
 
+/// A Redis on the same host reached through its Unix socket (`redis+unix:///path`):
+/// the store decides there exactly as over TCP, and its script calls arrive through the
+/// socket.
+#[test]
+fn a_redis_on_a_unix_socket_decides_exactly() {
+    let socket = std::env::temp_dir().join(format!(
+        "tollgate-test-{}-{}.sock",
+        std::process::id(),
+        PREFIX.fetch_add(1, Ordering::Relaxed)
+    ));
+    let path = socket.to_str().unwrap().to_string();
+    let server = RedisServer::start_with_args(&["--unixsocket", &path, "--unixsocketperm", "700"]);
+    let rt = two_threads();
+    let store = rt
+        .block_on(
+            RedisStore::builder(format!("redis+unix://{path}"))
+                .deadline(Duration::from_secs(5))
+                .blocked_cache(0)
+                .connect(),
+        )
+        .unwrap();
+    let l = fixed(2, Duration::from_secs(3_600));
+    let allowed: Vec<bool> = (0..3)
+        .map(|_| {
+            rt.block_on(store.check(0, &[Check::new(&l, "k", 1)]))
+                .unwrap()[0]
+                .allowed
+        })
+        .collect();
+    assert_eq!(allowed, [true, true, false]);
+    let clients = command(server.port, "CLIENT LIST").unwrap();
+    assert!(
+        clients.lines().any(|c| c.contains(&format!("addr={path}"))),
+        "no client on the socket: {clients}"
+    );
+    drop(server);
+    let _ = std::fs::remove_file(&socket);
+}
+
 #[test]
 fn requests_that_missed_their_deadline_are_not_charged_later() {
     let server = RedisServer::start();

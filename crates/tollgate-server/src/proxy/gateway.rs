@@ -80,7 +80,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
     };
     let store = &args.common.store;
-    let inflight = if store.starts_with("redis://") || store.starts_with("rediss://") {
+    let inflight = if tollgate::store::redis::is_single_url(store) {
         let mut builder = RedisInFlight::builder(store.clone())
             .prefix(format!("{}:inflight", args.common.redis_prefix))
             .lease(args.permit_lease)

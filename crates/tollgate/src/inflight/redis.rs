@@ -190,11 +190,11 @@ fn single_redis(url: &str) -> Result<&str, Error> {
                 .into(),
         ));
     }
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
+    if crate::store::redis::is_single_url(url) {
         return Ok(url);
     }
     Err(Error::Backend(
-        "not a Redis URL for in-flight permits (expected redis://host:port[/db] or rediss://...)"
+        "not a Redis URL for in-flight permits (expected redis://host:port[/db], rediss://... or redis+unix:///path)"
             .into(),
     ))
 }

@@ -32,6 +32,14 @@ impl std::fmt::Debug for RedisTls {
     }
 }
 
+/// Whether `url` names a single Redis (not a cluster): `redis://`, `rediss://`, or its
+/// Unix socket, `redis+unix:///path` (`unix:///path`).
+pub fn is_single_url(url: &str) -> bool {
+    ["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+}
+
 /// Whether `url` asks for TLS.
 pub(crate) fn is_tls_url(url: &str) -> bool {
     url.starts_with("rediss://") || url.starts_with("rediss+cluster://")

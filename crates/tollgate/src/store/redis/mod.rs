@@ -76,7 +76,7 @@ mod libraries;
 mod script;
 
 pub(crate) use client::single as single_connection;
-pub use client::RedisTls;
+pub use client::{is_single_url, RedisTls};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -385,7 +385,8 @@ enum Target {
     Cluster(Vec<String>),
 }
 
-/// `redis://host:port[/db]`, `rediss://...`, or `redis+cluster://h1:p1,h2:p2`
+/// `redis://host:port[/db]`, `rediss://...`, `redis+unix:///path` (or `unix:///path`:
+/// a Redis on this host, through its Unix socket), or `redis+cluster://h1:p1,h2:p2`
 /// (`rediss+cluster://` over TLS).
 fn parse_url(url: &str) -> Result<Target, Error> {
     let cluster = url
@@ -407,18 +408,20 @@ fn parse_url(url: &str) -> Result<Target, Error> {
         }
         return Ok(Target::Cluster(nodes));
     }
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
+    if client::is_single_url(url) {
         return Ok(Target::Single(url.to_string()));
     }
     Err(Error::Backend(format!(
-        "`{url}` is not a Redis URL (redis://host:port, rediss://host:port or redis+cluster://host:port,host:port)"
+        "`{url}` is not a Redis URL (redis://host:port, rediss://host:port, redis+unix:///path or redis+cluster://host:port,host:port)"
     )))
 }
 
 impl RedisStore {
     /// Settings for a store at `url`: `redis://host:port[/db]`,
-    /// `redis+cluster://host:port,host:port,...`, or either over TLS (`rediss://`,
-    /// `rediss+cluster://`; see [`RedisStoreBuilder::tls`]).
+    /// `redis+cluster://host:port,host:port,...`, either over TLS (`rediss://`,
+    /// `rediss+cluster://`; see [`RedisStoreBuilder::tls`]), or a Redis on this host
+    /// through its Unix socket, `redis+unix:///path/to/redis.sock` (`?db=N` picks the
+    /// database).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
@@ -1063,6 +1066,14 @@ mod tests {
             Ok(Target::Cluster(n)) => assert_eq!(n, ["redis://a:1", "redis://b:2"]),
             _ => panic!("a cluster URL"),
         }
+        assert!(matches!(
+            parse_url("redis+unix:///run/redis.sock"),
+            Ok(Target::Single(_))
+        ));
+        assert!(matches!(
+            parse_url("unix:///run/redis.sock"),
+            Ok(Target::Single(_))
+        ));
         assert!(parse_url("memory").is_err());
         assert!(parse_url("redis+cluster://").is_err());
     }
