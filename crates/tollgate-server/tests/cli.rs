@@ -16,14 +16,10 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn shared_cases() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases");
-    assert!(
-        dir.is_dir(),
-        "{} is missing: shared/ must sit beside the repository",
-        dir.display()
-    );
-    dir
+/// The repository's case files: the shared Envoy and Tollgate cases (kept identical to
+/// `shared/cases`), and the project's own.
+fn cases() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/cases")
 }
 
 fn tempdir(name: &str) -> PathBuf {
@@ -35,7 +31,7 @@ fn tempdir(name: &str) -> PathBuf {
 
 #[test]
 fn every_shared_case_passes_conformance_on_the_memory_store() {
-    let out = tollgate(&["conformance", shared_cases().to_str().unwrap()]);
+    let out = tollgate(&["conformance", cases().to_str().unwrap()]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let last = stdout.lines().last().unwrap();
@@ -48,7 +44,7 @@ fn every_shared_case_passes_conformance_on_the_memory_store() {
 fn conformance_reports_a_failing_step_and_exits_non_zero() {
     let dir = tempdir("failing-case");
     let case =
-        std::fs::read_to_string(shared_cases().join("envoy/03-counting-window.yaml")).unwrap();
+        std::fs::read_to_string(cases().join("envoy/03-counting-window.yaml")).unwrap();
     std::fs::write(
         dir.join("broken.yaml"),
         case.replace("requests_per_unit: 20}", "requests_per_unit: 21}"),
@@ -164,7 +160,7 @@ fn redis_script_prints_the_lua_of_the_named_algorithms() {
 fn conformance_names_a_store_it_cannot_open() {
     let out = tollgate(&[
         "conformance",
-        shared_cases().to_str().unwrap(),
+        cases().to_str().unwrap(),
         "--store",
         "postgres://x",
     ]);
@@ -203,4 +199,37 @@ fn serve_on_redis_refuses_a_limit_the_scripts_cannot_compute_exactly() {
         "{err}"
     );
     assert!(err.contains("not starting"), "{err}");
+}
+
+/// The repository carries copies of the shared cases so that a bare clone passes its
+/// tests; where the shared folder sits beside the repository, the copies must match it.
+#[test]
+fn the_case_copies_match_the_shared_cases() {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases");
+    if !shared.is_dir() {
+        eprintln!("{} is absent: nothing to compare", shared.display());
+        return;
+    }
+    let mut compared = 0;
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        for entry in std::fs::read_dir(shared.join(&rel)).unwrap() {
+            let entry = entry.unwrap();
+            let name = rel.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                pending.push(name);
+                continue;
+            }
+            let theirs = std::fs::read(shared.join(&name)).unwrap();
+            let ours = std::fs::read(cases().join(&name))
+                .unwrap_or_else(|e| panic!("tests/cases/{} is missing: {e}", name.display()));
+            assert!(
+                theirs == ours,
+                "tests/cases/{} differs from the shared case: copy it again",
+                name.display()
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared >= 25, "only {compared} shared files compared");
 }

@@ -1,4 +1,4 @@
-//! The worked cases of `shared/cases/tollgate/` that need only the algorithms (one
+//! The worked cases of `tests/cases/tollgate/` that need only the algorithms (one
 //! descriptor, one entry, one limit), run on the in-memory store with a manual clock.
 //!
 //! The full rule engine runs every case file through `tollgate conformance`; this test
@@ -26,13 +26,7 @@ const ALGORITHM_ONLY: [&str; 5] = [
 ];
 
 fn cases_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases/tollgate");
-    assert!(
-        dir.is_dir(),
-        "{} is missing: the shared cases must sit beside the repository (../shared)",
-        dir.display()
-    );
-    dir
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/cases/tollgate")
 }
 
 fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
