@@ -170,9 +170,10 @@ fn child(variant: &str) {
         let stats = store.stats();
         assert_eq!((stats.keys, stats.evictions), (N, 0), "keys, evictions");
         let note = format!(
-            "size_of KeyState={} LogState={}",
+            "size_of KeyState={} LogState={} WindowState={}",
             std::mem::size_of::<tollgate::algorithm::KeyState>(),
-            std::mem::size_of::<tollgate::algorithm::LogState>()
+            std::mem::size_of::<tollgate::algorithm::LogState>(),
+            std::mem::size_of::<tollgate::algorithm::WindowState>()
         );
         (before, after, note)
     };

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::algorithm::{Algorithm, KeyState, Limit, LogState};
+use crate::algorithm::{Algorithm, KeyState, Limit, LogState, StateKind, WindowState};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 
@@ -36,13 +36,14 @@ pub struct DirectLimiter {
 enum Path {
     /// `expires_at` of a KeyState whose deficit is always 0.
     LockFree(AtomicU64),
-    Locked(Mutex<Locked>),
+    Locked(Box<Mutex<Locked>>),
 }
 
 #[derive(Default)]
 struct Locked {
     key: KeyState,
     log: LogState,
+    window: WindowState,
     blocked_until: Nanos,
 }
 
@@ -58,7 +59,7 @@ impl DirectLimiter {
         let path = if whole_interval && limit.lockout().is_none() {
             Path::LockFree(AtomicU64::new(0))
         } else {
-            Path::Locked(Mutex::new(Locked::default()))
+            Path::Locked(Box::default())
         };
         Self { limit, path }
     }
@@ -104,14 +105,13 @@ impl DirectLimiter {
                 let Locked {
                     key,
                     log,
+                    window,
                     blocked_until,
                 } = &mut *s;
-                let mut run = |now| {
-                    if self.limit.uses_log() {
-                        self.limit.check_log(log, now, cost)
-                    } else {
-                        self.limit.check_key(key, now, cost)
-                    }
+                let mut run = |now| match self.limit.state_kind() {
+                    StateKind::Key => self.limit.check_key(key, now, cost),
+                    StateKind::Log => self.limit.check_log(log, now, cost),
+                    StateKind::Window => self.limit.check_window(window, now, cost),
                 };
                 match self.limit.lockout() {
                     Some(lockout) => lockout.check(blocked_until, now, self.limit.limit(), run),

@@ -1875,3 +1875,87 @@ fn a_thread_moving_to_another_runtime_uses_that_runtimes_batcher() {
     }
     drop(first);
 }
+
+/// Sets `key` to `value`, bytes as they are (an inline command cannot carry them).
+fn set_raw(port: u16, key: &str, value: &[u8]) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut req = format!(
+        "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
+        key.len(),
+        value.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(value);
+    req.extend_from_slice(b"\r\n");
+    s.write_all(&req).unwrap();
+    let mut reply = [0u8; 5];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"+OK\r\n");
+}
+
+/// A sliding window's state as an earlier version of Tollgate wrote it (32 bytes: the
+/// aligned window's end + one window, the previous and the current count) is read
+/// conservatively: each count is held against the limit as late as it can have been
+/// admitted, so nothing passes that the counts may still cover; the first admission
+/// writes the state anew.
+#[test]
+fn a_sliding_window_state_of_the_earlier_format_is_held_against_the_limit() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let w = 60 * S;
+    let limit = Limit::new(Algorithm::SlidingWindow(SlidingWindow::new(
+        10,
+        Duration::from_secs(60),
+    )))
+    .unwrap();
+    let redis = caller_time_store(&rt, &server.url());
+    let start = T0 - T0 % w; // a minute's start
+    let now = start + 30 * S;
+    let check = [Check::new(&limit, "k", 1)];
+    assert!(rt.block_on(redis.check(now, &check)).unwrap()[0].allowed);
+    let keys = command(server.port, "KEYS *").unwrap();
+    let key = keys
+        .lines()
+        .find(|l| l.starts_with('t'))
+        .unwrap_or_else(|| panic!("no state key in {keys}"))
+        .to_string();
+    assert_eq!(
+        command(server.port, &format!("STRLEN {key}")).unwrap(),
+        ":158\r\n"
+    );
+    // 10 in the previous minute, 2 in this one. The old estimate, 2 + floor(10 × 30/60)
+    // = 7, let 3 more through; but the previous minute's 10 may all lie in its last
+    // second, still inside the rolling minute.
+    let end_plus_window = start + 2 * w;
+    let mut old = Vec::new();
+    for v in [
+        (end_plus_window / S) as f64,
+        (end_plus_window % S) as f64,
+        10.0,
+        2.0,
+    ] {
+        old.extend_from_slice(&v.to_le_bytes());
+    }
+    set_raw(server.port, &key, &old);
+    let admitted = (0..5)
+        .filter(|_| rt.block_on(redis.check(now, &check)).unwrap()[0].allowed)
+        .count();
+    assert_eq!(admitted, 0);
+    assert_eq!(
+        command(server.port, &format!("STRLEN {key}")).unwrap(),
+        ":32\r\n",
+        "a rejection writes nothing"
+    );
+    // A second into the next minute the previous minute's 10 have left; this minute's 2
+    // (now the previous) still count: 8 pass by the bound, one more by the estimate.
+    let next = start + w + S;
+    let admitted = (0..12)
+        .filter(|_| rt.block_on(redis.check(next, &check)).unwrap()[0].allowed)
+        .count();
+    assert_eq!(admitted, 9);
+    assert_eq!(
+        command(server.port, &format!("STRLEN {key}")).unwrap(),
+        ":158\r\n"
+    );
+}

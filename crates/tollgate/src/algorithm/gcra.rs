@@ -70,7 +70,7 @@ impl Gcra {
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, window) = (self.limit, self.window.max(1) as u128);
-        if limit == 0 || cost > self.burst {
+        if limit == 0 {
             return Decision::reject(limit, 0, 0, NEVER);
         }
         let t = now as u128 * limit as u128;
@@ -85,7 +85,12 @@ impl Gcra {
             return Decision::allow(limit, remaining, ceil_div_nanos(new_tat - t, limit));
         }
         let remaining = floor_div((t + tolerance).saturating_sub(tat), self.window.max(1));
-        let retry = ceil_div_nanos(new_tat - tolerance, limit).saturating_sub(now);
+        // A cost above the burst never fits; the answer still says what is left.
+        let retry = if cost > self.burst {
+            NEVER
+        } else {
+            ceil_div_nanos(new_tat - tolerance, limit).saturating_sub(now)
+        };
         Decision::reject(limit, remaining, ceil_div_nanos(tat - t, limit), retry)
     }
 }
@@ -117,6 +122,18 @@ mod tests {
         let mut st = KeyState::default();
         assert!(g.check(&mut st, S, 6).can_never_pass());
         assert!(g.check(&mut st, S, 5).allowed);
+    }
+
+    #[test]
+    fn a_cost_above_the_burst_still_reports_what_is_left() {
+        let g = Gcra::new(10, Duration::from_secs(1)).with_burst(5);
+        let mut st = KeyState::default();
+        assert!(g.check(&mut st, S, 1).allowed);
+        let before = st;
+        let d = g.check(&mut st, S, 6);
+        assert!(d.can_never_pass());
+        assert_eq!((d.remaining, d.reset_after), (4, 100_000_000));
+        assert_eq!(st, before, "nothing charged");
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl LeakyBucket {
     /// Decides a request of `cost` at `now`, filling `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, w) = (self.limit, self.window.max(1));
-        if limit == 0 || cost > self.burst {
+        if limit == 0 {
             return Decision::reject(limit, 0, 0, NEVER);
         }
         let t = now as u128 * limit as u128;
@@ -102,7 +102,12 @@ impl LeakyBucket {
             }
             return d;
         }
-        let retry = ceil_div_nanos(level + need - capacity, limit);
+        // A cost above the burst never fits; the answer still says what is left.
+        let retry = if cost > self.burst {
+            NEVER
+        } else {
+            ceil_div_nanos(level + need - capacity, limit)
+        };
         Decision::reject(
             limit,
             floor_div(capacity.saturating_sub(level), w),
@@ -125,6 +130,18 @@ mod tests {
         assert_eq!(meter.check(&mut st, 0, 1).delay, 0);
         let third = meter.check(&mut st, 0, 1);
         assert_eq!((third.allowed, third.retry_after), (false, 500 * MS));
+    }
+
+    #[test]
+    fn a_cost_above_the_bucket_still_reports_what_is_left() {
+        let meter = LeakyBucket::new(10, Duration::from_secs(1), LeakyMode::Meter).with_burst(5);
+        let mut st = KeyState::default();
+        assert!(meter.check(&mut st, 0, 1).allowed);
+        let before = st;
+        let d = meter.check(&mut st, 0, 6);
+        assert!(d.can_never_pass());
+        assert_eq!((d.remaining, d.reset_after), (4, 100 * MS));
+        assert_eq!(st, before, "nothing charged");
     }
 
     #[test]

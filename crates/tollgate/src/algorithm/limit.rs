@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     FixedWindow, Gcra, KeyState, LeakyBucket, Lockout, LogState, SlidingLog, SlidingWindow,
-    TokenBucket,
+    TokenBucket, WindowState,
 };
 use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
@@ -25,6 +25,17 @@ pub enum Algorithm {
     Gcra(Gcra),
     /// See [`LeakyBucket`].
     LeakyBucket(LeakyBucket),
+}
+
+/// The shape of the per-key state an algorithm keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// A 16-byte [`KeyState`]: fixed window and the bucket algorithms.
+    Key,
+    /// A [`LogState`]: the sliding log.
+    Log,
+    /// A [`WindowState`]: the sliding window counter.
+    Window,
 }
 
 /// A limit as stores run it: an [`Algorithm`], an optional [`Lockout`], and the
@@ -122,21 +133,30 @@ impl Limit {
         self.algorithm.window()
     }
 
-    /// True when the algorithm keeps a [`LogState`] rather than a [`KeyState`].
-    pub fn uses_log(&self) -> bool {
-        matches!(self.algorithm, Algorithm::SlidingLog(_))
+    /// The shape of the per-key state the algorithm keeps.
+    pub fn state_kind(&self) -> StateKind {
+        match self.algorithm {
+            Algorithm::SlidingLog(_) => StateKind::Log,
+            Algorithm::SlidingWindow(_) => StateKind::Window,
+            _ => StateKind::Key,
+        }
     }
 
-    /// Runs the algorithm on a [`KeyState`]. A sliding log has no `KeyState`: for it
-    /// this rejects as [`NEVER`](crate::decision::NEVER); use [`check_log`](Self::check_log).
+    /// True when the algorithm keeps a [`LogState`] rather than a [`KeyState`].
+    pub fn uses_log(&self) -> bool {
+        self.state_kind() == StateKind::Log
+    }
+
+    /// Runs the algorithm on a [`KeyState`]. The sliding log and the sliding window keep
+    /// other states: for them this rejects as [`NEVER`](crate::decision::NEVER); use
+    /// [`check_log`](Self::check_log) or [`check_window`](Self::check_window).
     pub fn check_key(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         match &self.algorithm {
             Algorithm::FixedWindow(a) => a.check(state, now, cost),
-            Algorithm::SlidingWindow(a) => a.check(state, now, cost),
             Algorithm::TokenBucket(a) => a.check(state, now, cost),
             Algorithm::Gcra(a) => a.check(state, now, cost),
             Algorithm::LeakyBucket(a) => a.check(state, now, cost),
-            Algorithm::SlidingLog(a) => Decision::reject(a.limit, 0, 0, crate::decision::NEVER),
+            other => Decision::reject(other.limit(), 0, 0, crate::decision::NEVER),
         }
     }
 
@@ -145,6 +165,15 @@ impl Limit {
     pub fn check_log(&self, state: &mut LogState, now: Nanos, cost: u64) -> Decision {
         match &self.algorithm {
             Algorithm::SlidingLog(a) => a.check(state, now, cost),
+            other => Decision::reject(other.limit(), 0, 0, crate::decision::NEVER),
+        }
+    }
+
+    /// Runs a sliding window counter on its [`WindowState`]; for any other algorithm this
+    /// rejects as [`NEVER`](crate::decision::NEVER).
+    pub fn check_window(&self, state: &mut WindowState, now: Nanos, cost: u64) -> Decision {
+        match &self.algorithm {
+            Algorithm::SlidingWindow(a) => a.check(state, now, cost),
             other => Decision::reject(other.limit(), 0, 0, crate::decision::NEVER),
         }
     }

@@ -2,8 +2,14 @@
 //!
 //! **Guarantee.** From a key's first rejection at `t`, nothing on that key is admitted
 //! before `t + duration`; a request at exactly `t + duration` is decided by the limit
-//! again. Rejections during the lockout do not extend it. A request that can never
-//! pass (its cost exceeds the limit's capacity) does not start a lockout.
+//! again. Rejections during the lockout do not extend it. Any rejection starts it,
+//! whatever its cost: a request that asked for more than the limit can ever hold locks
+//! the key out as well.
+//!
+//! **Answers.** The rejection that starts the lockout reports what the limit has left
+//! uncharged (`remaining`, as any rejection does) and the lockout's end as `reset_after`
+//! (and as `retry_after`, unless its cost can never pass). While locked out, a request
+//! reports `remaining` 0 and the time left as both `reset_after` and `retry_after`.
 //!
 //! **State.** 8 bytes per locked-out key (the end of the lockout), kept only while
 //! the lockout lasts; keys never rejected cost nothing.
@@ -47,8 +53,8 @@ impl Lockout {
 
     /// Decides a request at `now` on a key locked out until `blocked_until` (0 = not
     /// locked): rejects while locked, otherwise asks `limit` (which decides and charges
-    /// the wrapped algorithm) and starts a lockout if it rejects. `limit_value` is the
-    /// configured limit, reported in the decision while locked.
+    /// the wrapped algorithm) and starts a lockout if it rejects, whatever the cost.
+    /// `limit_value` is the configured limit, reported in the decision while locked.
     pub fn check(
         &self,
         blocked_until: &mut Nanos,
@@ -61,12 +67,46 @@ impl Lockout {
             return Decision::reject(limit_value, 0, left, left);
         }
         let mut decision = limit(now);
-        if !decision.allowed && !decision.can_never_pass() && self.duration > 0 {
+        if !decision.allowed && self.duration > 0 {
             *blocked_until = now.saturating_add(self.duration);
-            decision.remaining = 0;
             decision.reset_after = self.duration;
-            decision.retry_after = self.duration;
+            if !decision.can_never_pass() {
+                decision.retry_after = self.duration;
+            }
         }
         decision
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{FixedWindow, KeyState};
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_request_above_the_capacity_starts_the_lockout_and_reports_what_is_left() {
+        let limit = FixedWindow::new(5, Duration::from_secs(60));
+        let lockout = Lockout::new(Duration::from_secs(60));
+        let (mut state, mut until) = (KeyState::default(), 0);
+        let mut ask =
+            |now, cost| lockout.check(&mut until, now, 5, |now| limit.check(&mut state, now, cost));
+        assert!(ask(0, 1).allowed);
+        let big = ask(S, 6);
+        assert!(
+            big.can_never_pass(),
+            "a retry of the same cost never passes"
+        );
+        assert_eq!((big.remaining, big.reset_after), (4, 60 * S));
+        let small = ask(2 * S, 1);
+        assert!(!small.allowed, "a request that would fit is locked out");
+        assert_eq!(
+            (small.remaining, small.reset_after, small.retry_after),
+            (0, 59 * S, 59 * S)
+        );
+        assert!(
+            ask(61 * S, 1).allowed,
+            "the lockout ends a block_duration after it began"
+        );
     }
 }

@@ -8,17 +8,19 @@
 //! | algorithm | never admits | state per key |
 //! |---|---|---|
 //! | [`FixedWindow`] | more than `limit` per epoch-aligned window (2× across a boundary) | 16 bytes |
-//! | [`SlidingWindow`] | more than `limit` per aligned window, 2× `limit` per rolling window | 16 bytes |
+//! | [`SlidingWindow`] | more than `limit` per aligned window, `limit + 2` per rolling window | 136 bytes |
 //! | [`SlidingLog`] | more than `limit` in any rolling window | 48 bytes + 16 per distinct admitted instant in the window (queue capacity doubles from 4; measured ≈ 200 bytes per key holding one entry) |
 //! | [`TokenBucket`] | more than `burst + limit × T / window` in any interval `T` | 16 bytes |
 //! | [`Gcra`] | the same as the token bucket, request for request | 16 bytes |
 //! | [`LeakyBucket`] | the same; in queue mode it delays instead of bursting | 16 bytes |
 //!
-//! Every algorithm except the sliding log keeps its state in one [`KeyState`]: the
+//! The fixed window and the buckets keep their state in one [`KeyState`]: the
 //! instant at which the key is back to "fresh" (a store may then drop it) and one
 //! algorithm-specific word. The bucket algorithms keep an exact instant as a rational
 //! number of nanoseconds (see [`KeyState`]), so a refill of `limit / window` per
-//! nanosecond loses nothing to rounding however often they are called.
+//! nanosecond loses nothing to rounding however often they are called. The sliding log
+//! keeps a [`LogState`] and the sliding window counter a [`WindowState`]; every state
+//! type says, in the same way, from which instant it is the same as a fresh one.
 //!
 //! [`Limit`] bundles an algorithm with its optional lockout and a counter identity;
 //! it is what stores and the rule engine work with. `docs/algorithms.md` has the
@@ -37,9 +39,9 @@ mod token_bucket;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
-pub use limit::{Algorithm, InvalidLimit, Limit};
+pub use limit::{Algorithm, InvalidLimit, Limit, StateKind};
 pub use lockout::Lockout;
 pub use sliding_log::{LogState, SlidingLog};
-pub use sliding_window::SlidingWindow;
+pub use sliding_window::{SlidingWindow, WindowState, MARGIN, SUB_WINDOWS};
 pub use state::KeyState;
 pub use token_bucket::TokenBucket;

@@ -1,30 +1,50 @@
-//! Sliding window counter: the current window's count plus the previous window's count
-//! weighted by how much of it the rolling window still covers.
+//! Sliding window counter: the classic two-window estimate, held to the true rolling
+//! count by sixteen sub-window counts.
 //!
-//! **Guarantee.** Never more than `limit` admitted in one aligned window (the estimate
-//! is never below the current count), hence never more than `2 × limit` in any rolling
-//! window of length `window`. That worst case needs the previous window's requests
-//! bunched at its very end; for evenly spread traffic the estimate is close to exact,
-//! and unlike the fixed window a client cannot simply burst `limit` on each side of a
-//! boundary: right after the boundary the previous count still weighs almost fully.
+//! **The estimate.** The current aligned window's count plus the previous window's count
+//! weighted by how much of it the rolling window still covers (the counter Cloudflare and
+//! others describe): `estimate = current + floor(previous × (window - elapsed) / window)`.
+//! It assumes the previous window's requests were spread evenly. They rarely are once a
+//! key is limited: rejected requests charge nothing, so admissions bunch where the
+//! estimate leaves room, often late in a window, which is exactly where the weighting
+//! discounts them. On its own the estimate lets up to `2 × limit` through in a rolling
+//! window, and about 1.2–1.4 × `limit` under plain Poisson traffic near the limit.
 //!
-//! **State.** 16 bytes ([`KeyState`]): the current window's end + one window, and the
-//! previous and current counts (32 bits each, so `limit <= 2^32 - 1`).
+//! **The bound.** Each window is also cut into [`SUB_WINDOWS`] sub-windows of
+//! `ceil(window / 16)`; the state keeps the count of each of the last 17 and the instant of
+//! its last admission (rounded up to 1/65,535 of a sub-window). Every request admitted in
+//! a sub-window whose last admission is still inside the rolling window `(now - window,
+//! now]` may still be in it; the others certainly are not. Their sum, `bound`, is never
+//! below the true rolling count.
 //!
-//! **Maths.** With `start = now - now % window` and `elapsed = now - start`:
-//! `estimate = current + floor(previous × (window - elapsed) / window)`. A request of
-//! cost `c` passes iff `estimate + c <= limit`; then `current += c`.
-//! `remaining = limit - estimate - c`; `reset_after` is the time to the window's end.
+//! **Decision.** A request of cost `c` passes iff
+//! `bound + c <= limit`, or `estimate + c <= limit` and `bound + c <= limit + MARGIN`.
+//! The first arm admits what certainly fits; the second keeps the estimate's answers where
+//! they stay within [`MARGIN`] units of the limit.
+//!
+//! **Guarantee.** Never more than `limit` admitted in one aligned window, and never more
+//! than `limit + 2` in any rolling window of length `window` (the sliding log's exact
+//! `limit`, plus the margin). Compared with the exact sliding log on the same traffic,
+//! it can admit a little less: a sub-window's requests count until its last one leaves
+//! (`tools/bench-accuracy.sh` measures both sides).
+//!
+//! **State.** [`WindowState`], 136 bytes: when it expires, the aligned window's end and
+//! two counts, the newest sub-window's start, 17 counts and 17 last-admission offsets.
+//!
+//! `remaining` is how much more would pass now by either arm; `reset_after` is the time
+//! to the aligned window's end; a rejection's `retry_after` is exact: the first instant at
+//! which, if nothing else is admitted, the same request passes.
 //!
 //! **Example** (`shared/cases/tollgate/03-sliding-window.yaml`). 7 per minute, 5 in the
 //! previous minute, 3 so far in this one: 18 s in (30 % of the way), the estimate is
-//! `3 + floor(5 × 0.7) = 6`, so one more passes and the next does not.
+//! `3 + floor(5 × 0.7) = 6`, so one more passes (the rolling minute then holds 9, within
+//! the margin) and the next does not.
 //! ```
 //! use std::time::Duration;
-//! use tollgate::algorithm::{KeyState, SlidingWindow};
+//! use tollgate::algorithm::{SlidingWindow, WindowState};
 //! const S: u64 = 1_000_000_000;
 //! let sw = SlidingWindow::new(7, Duration::from_secs(60));
-//! let mut state = KeyState::default();
+//! let mut state = WindowState::default();
 //! let t0 = 1_699_920_000 * S;
 //! for _ in 0..5 { assert!(sw.check(&mut state, t0 + 30 * S, 1).allowed); }
 //! for _ in 0..3 { assert!(sw.check(&mut state, t0 + 70 * S, 1).allowed); }
@@ -35,9 +55,17 @@
 
 use std::time::Duration;
 
-use super::KeyState;
 use crate::clock::{nanos, Nanos};
 use crate::decision::{Decision, NEVER};
+
+/// Sub-windows per window that the bound keeps counts of.
+pub const SUB_WINDOWS: usize = 16;
+/// How far past `limit` the classic estimate may take a rolling window (cost units).
+pub const MARGIN: u64 = 2;
+/// Sub-window counts kept: the rolling window overlaps at most this many.
+const RING: usize = SUB_WINDOWS + 1;
+/// A last admission is kept as `ceil(offset × QUANTA / sub-window)`.
+const QUANTA: u64 = 65_535;
 
 /// Sliding-window-counter parameters: `limit` per rolling `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +74,33 @@ pub struct SlidingWindow {
     pub limit: u64,
     /// Window length in nanoseconds.
     pub window: Nanos,
+}
+
+/// Per-key state of a [`SlidingWindow`] (136 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct WindowState {
+    /// The instant from which this state decides as a fresh one does (a store may drop
+    /// it): when both the aligned windows' counts and the newest sub-window are gone.
+    pub expires_at: Nanos,
+    /// The end of the counted aligned window (0: none yet).
+    pub end: Nanos,
+    /// The count of the aligned window before it.
+    pub previous: u32,
+    /// The count of the aligned window ending at `end`.
+    pub current: u32,
+    /// The start of the newest sub-window (`counts[0]`).
+    pub newest: Nanos,
+    /// Admitted cost per sub-window, newest first.
+    pub counts: [u32; RING],
+    /// Per sub-window, its last admission as `ceil(offset × 65535 / sub-window)`.
+    pub lasts: [u16; RING],
+}
+
+impl WindowState {
+    /// True if the state is back to fresh at `now`.
+    pub fn is_fresh(&self, now: Nanos) -> bool {
+        self.expires_at <= now
+    }
 }
 
 impl SlidingWindow {
@@ -58,46 +113,71 @@ impl SlidingWindow {
     }
 
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
-    pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
+    pub fn check(&self, state: &mut WindowState, now: Nanos, cost: u64) -> Decision {
         let w = self.window.max(1);
         let limit = self.limit.min(u64::from(u32::MAX));
         let (end, previous, current) = self.counts(state, now, w);
         let start = end - w;
         // A clock that stepped back before the stored window counts as its start.
         let elapsed = now.saturating_sub(start).min(w);
-        let weighted = weigh(previous, w - elapsed, w);
-        let estimate = current + weighted;
+        let estimate = current + weigh(previous, w - elapsed, w);
+        let b = sub_len(w);
+        let bound = bound(state, now, w, b);
         let reset_after = end.saturating_sub(now);
-        if estimate.saturating_add(cost) <= limit {
+        if fits(estimate, bound, cost, limit) {
             if cost > 0 {
-                *state = KeyState {
-                    expires_at: end.saturating_add(w),
-                    word: (previous << 32) | (current + cost),
-                };
+                state.end = end;
+                state.previous = previous as u32;
+                state.current = (current + cost) as u32;
+                charge_ring(state, now, b, cost);
+                // The current count lasts one window past its own; the newest
+                // sub-window until its last admission leaves.
+                let newest_leaves = last_instant(state, 0, b).map_or(0, |l| l.saturating_add(w));
+                state.expires_at = end.saturating_add(w).max(newest_leaves);
             }
-            return Decision::allow(limit, limit - estimate - cost, reset_after);
+            let remaining = room(estimate + cost, bound + cost, limit);
+            return Decision::allow(limit, remaining, reset_after);
         }
-        let remaining = limit.saturating_sub(estimate);
+        let remaining = room(estimate, bound, limit);
         if cost > limit {
             return Decision::reject(limit, remaining, reset_after, NEVER);
         }
+        // Each arm's first instant (if nothing else is admitted): the bound only falls, as
+        // sub-windows leave; the estimate only falls, within a window and across its end.
+        let by_bound = first_bound_fitting(state, now, w, b, bound, cost, limit);
+        let by_margin = first_bound_fitting(state, now, w, b, bound, cost, limit + MARGIN);
+        let by_estimate =
+            now.saturating_add(self.estimate_retry(previous, current, elapsed, w, cost));
+        let at = by_bound.min(by_estimate.max(by_margin));
+        Decision::reject(limit, remaining, reset_after, at.saturating_sub(now))
+    }
+
+    /// When the estimate first leaves room for `cost`, from `elapsed` into the window.
+    fn estimate_retry(
+        &self,
+        previous: u64,
+        current: u64,
+        elapsed: Nanos,
+        w: Nanos,
+        cost: u64,
+    ) -> Nanos {
+        let limit = self.limit.min(u64::from(u32::MAX));
         // When would `current + floor(previous × (w - e) / w) + cost <= limit` first hold?
-        let retry = match (limit - cost).checked_sub(current) {
+        match (limit - cost).checked_sub(current) {
             Some(room) => first_elapsed_fitting(previous, room, w).saturating_sub(elapsed),
             // Not in this window: in the next one, `current` becomes the previous count.
             None => (w - elapsed) + first_elapsed_fitting(current, limit - cost, w),
-        };
-        Decision::reject(limit, remaining, reset_after, retry)
+        }
     }
 
     /// (end of the current window, previous count, current count) at `now`.
-    fn counts(&self, state: &KeyState, now: Nanos, w: Nanos) -> (Nanos, u64, u64) {
+    fn counts(&self, state: &WindowState, now: Nanos, w: Nanos) -> (Nanos, u64, u64) {
         let aligned_end = (now - now % w).saturating_add(w);
-        if state.expires_at <= now || state.expires_at < w {
+        let (previous, current) = (u64::from(state.previous), u64::from(state.current));
+        if state.expires_at <= now || state.end < w {
             return (aligned_end, 0, 0);
         }
-        let stored_end = state.expires_at - w;
-        let (previous, current) = (state.word >> 32, state.word & u64::from(u32::MAX));
+        let stored_end = state.end;
         if stored_end >= aligned_end {
             (stored_end, previous, current)
         } else if stored_end + w == aligned_end {
@@ -105,6 +185,109 @@ impl SlidingWindow {
         } else {
             (aligned_end, 0, 0)
         }
+    }
+}
+
+/// Whether a request of `cost` passes (see the module's documentation).
+fn fits(estimate: u64, bound: u64, cost: u64, limit: u64) -> bool {
+    let need = bound.saturating_add(cost);
+    need <= limit || (estimate.saturating_add(cost) <= limit && need <= limit + MARGIN)
+}
+
+/// How much more would pass now by either arm, given the estimate and the bound.
+fn room(estimate: u64, bound: u64, limit: u64) -> u64 {
+    let by_bound = limit.saturating_sub(bound);
+    let by_estimate = limit
+        .saturating_sub(estimate)
+        .min((limit + MARGIN).saturating_sub(bound));
+    by_bound.max(by_estimate)
+}
+
+/// The sub-window length: `ceil(window / SUB_WINDOWS)`, so that the ring covers a window
+/// and one sub-window more.
+pub(crate) fn sub_len(w: Nanos) -> Nanos {
+    w.div_ceil(SUB_WINDOWS as u64).max(1)
+}
+
+/// Sub-window `i`'s last admission, as an instant (rounded up); `None` before the epoch.
+fn last_instant(state: &WindowState, i: usize, b: Nanos) -> Option<Nanos> {
+    let start = state.newest.checked_sub(i as u64 * b)?;
+    let offset = (u128::from(state.lasts[i]) * u128::from(b)).div_ceil(u128::from(QUANTA));
+    Some(start.saturating_add(offset as u64))
+}
+
+/// The cost admitted in sub-windows whose last admission is still in `(now - w, now]`.
+fn bound(state: &WindowState, now: Nanos, w: Nanos, b: Nanos) -> u64 {
+    (0..RING)
+        .filter(|&i| state.counts[i] > 0)
+        .filter_map(|i| Some((last_instant(state, i, b)?, state.counts[i])))
+        .filter(|&(last, _)| last.saturating_add(w) > now)
+        .map(|(_, count)| u64::from(count))
+        .sum()
+}
+
+/// The first instant at which `bound + cost <= cap`, if nothing else is admitted: the
+/// oldest sub-windows leave first, each when its last admission leaves the window.
+fn first_bound_fitting(
+    state: &WindowState,
+    now: Nanos,
+    w: Nanos,
+    b: Nanos,
+    bound: u64,
+    cost: u64,
+    cap: u64,
+) -> Nanos {
+    let Some(mut excess) = (bound + cost).checked_sub(cap).filter(|&e| e > 0) else {
+        return now;
+    };
+    for i in (0..RING).rev() {
+        if state.counts[i] == 0 {
+            continue;
+        }
+        let Some(leaves) = last_instant(state, i, b).map(|l| l.saturating_add(w)) else {
+            continue;
+        };
+        if leaves <= now {
+            continue;
+        }
+        let count = u64::from(state.counts[i]);
+        if count >= excess {
+            return leaves;
+        }
+        excess -= count;
+    }
+    // Unreachable when cost <= cap: the bound's sub-windows all leave eventually.
+    NEVER
+}
+
+/// Charges `cost` to the sub-window of `now`, moving the ring forward first.
+fn charge_ring(state: &mut WindowState, now: Nanos, b: Nanos, cost: u64) {
+    let empty = state.counts.iter().all(|&c| c == 0);
+    if empty || now >= state.newest.saturating_add(b) {
+        let steps = if empty {
+            RING as u64
+        } else {
+            (now - state.newest) / b
+        };
+        if steps >= RING as u64 {
+            state.counts = [0; RING];
+            state.lasts = [0; RING];
+            state.newest = now - now % b;
+        } else {
+            let steps = steps as usize;
+            state.counts.copy_within(0..RING - steps, steps);
+            state.lasts.copy_within(0..RING - steps, steps);
+            state.counts[..steps].fill(0);
+            state.lasts[..steps].fill(0);
+            state.newest += steps as u64 * b;
+        }
+    }
+    state.counts[0] = (u64::from(state.counts[0]) + cost) as u32;
+    // A clock that stepped back into an earlier sub-window charges the newest one and
+    // leaves its last admission where it is.
+    if let Some(offset) = now.checked_sub(state.newest) {
+        let q = (u128::from(offset) * u128::from(QUANTA)).div_ceil(u128::from(b));
+        state.lasts[0] = state.lasts[0].max(q.min(u128::from(QUANTA)) as u16);
     }
 }
 
@@ -134,12 +317,12 @@ mod tests {
     #[test]
     fn retry_after_lands_exactly_where_the_request_first_fits() {
         let sw = SlidingWindow::new(7, Duration::from_secs(60));
-        let mut st = KeyState::default();
+        let mut st = WindowState::default();
         for _ in 0..7 {
             assert!(sw.check(&mut st, 30 * S, 1).allowed);
         }
         let now = 61 * S;
-        // 1 + floor(7 × 59/60) = 7: the first passes, the second does not.
+        // 1 + floor(7 × 59/60) = 7: the first passes (within the margin), the second not.
         assert!(sw.check(&mut st, now, 1).allowed);
         let d = sw.check(&mut st, now, 1);
         assert!(!d.allowed);
@@ -151,7 +334,7 @@ mod tests {
     #[test]
     fn retry_after_can_reach_into_the_next_window() {
         let sw = SlidingWindow::new(4, Duration::from_secs(10));
-        let mut st = KeyState::default();
+        let mut st = WindowState::default();
         for _ in 0..4 {
             assert!(sw.check(&mut st, 11 * S, 1).allowed);
         }
@@ -166,9 +349,64 @@ mod tests {
     #[test]
     fn counts_older_than_one_window_are_forgotten() {
         let sw = SlidingWindow::new(2, Duration::from_secs(10));
-        let mut st = KeyState::default();
+        let mut st = WindowState::default();
         assert!(sw.check(&mut st, 5 * S, 2).allowed);
-        assert!(!sw.check(&mut st, 15 * S, 2).allowed);
+        assert!(!sw.check(&mut st, 14 * S, 2).allowed);
         assert!(sw.check(&mut st, 25 * S, 2).allowed);
+    }
+
+    #[test]
+    fn requests_bunched_late_in_a_window_are_not_discounted() {
+        // 100 per minute, all of them in the last second of a minute: the estimate alone
+        // lets about 98 more through in the next minute's first seconds (the previous
+        // minute weighs 59/60, 58/60, ...); the bound holds every rolling minute to 100
+        // and the margin.
+        let sw = SlidingWindow::new(100, Duration::from_secs(60));
+        let mut st = WindowState::default();
+        let t0 = 1_699_920_000 * S;
+        for _ in 0..100 {
+            assert!(sw.check(&mut st, t0 + 59 * S, 1).allowed);
+        }
+        let mut admitted = Vec::new();
+        for i in 0..1_200 {
+            let now = t0 + 59 * S + i * S / 10;
+            if sw.check(&mut st, now, 1).allowed {
+                admitted.push(now);
+            }
+        }
+        let in_the_first_minute = admitted.iter().filter(|&&t| t < t0 + 119 * S).count();
+        assert_eq!(in_the_first_minute as u64, MARGIN);
+        // They leave when their sub-window's last admission leaves: a minute later.
+        let first_after = admitted.iter().find(|&&t| t >= t0 + 119 * S).copied();
+        assert!(
+            first_after.is_some_and(|t| t <= t0 + 119 * S + S / 10),
+            "{first_after:?}"
+        );
+    }
+
+    #[test]
+    fn a_state_expires_when_its_newest_admission_leaves_the_window() {
+        let sw = SlidingWindow::new(3, Duration::from_secs(10));
+        let mut st = WindowState::default();
+        assert!(sw.check(&mut st, 1_000 * S + 3 * S, 1).allowed);
+        assert_eq!(
+            st.expires_at,
+            1_020 * S,
+            "the aligned window's end + one window"
+        );
+        let fresh = WindowState::default();
+        for now in [1_005 * S, 1_009 * S] {
+            let (mut a, mut b) = (st, fresh);
+            assert_ne!(
+                sw.check(&mut a, now, 3),
+                sw.check(&mut b, now, 3),
+                "at {now}"
+            );
+        }
+        let (mut a, mut b) = (st, fresh);
+        assert_eq!(
+            sw.check(&mut a, 1_020 * S, 3),
+            sw.check(&mut b, 1_020 * S, 3)
+        );
     }
 }

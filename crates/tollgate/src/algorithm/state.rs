@@ -1,4 +1,4 @@
-//! [`KeyState`]: the 16-byte per-key state of every algorithm but the sliding log.
+//! [`KeyState`]: the 16-byte per-key state of the fixed window and the bucket algorithms.
 
 use crate::clock::Nanos;
 
@@ -9,8 +9,6 @@ use crate::clock::Nanos;
 /// drop it. `word` is the algorithm's own:
 ///
 /// - fixed window: `expires_at` = end of the counted window, `word` = its count;
-/// - sliding window: `expires_at` = end of the current window + one window,
-///   `word` = previous count (high 32 bits) and current count (low 32 bits);
 /// - token bucket, GCRA, leaky bucket: an exact instant `x` (when the bucket is full,
 ///   the theoretical arrival time, when the bucket is empty) kept as a rational number
 ///   of nanoseconds with denominator `limit`: `expires_at = ceil(x)` and

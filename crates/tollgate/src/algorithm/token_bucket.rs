@@ -68,7 +68,7 @@ impl TokenBucket {
     /// Decides a request of `cost` at `now`, taking tokens from `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, w) = (self.limit, self.window.max(1));
-        if limit == 0 || cost > self.burst {
+        if limit == 0 {
             return Decision::reject(limit, 0, 0, NEVER);
         }
         let t = now as u128 * limit as u128;
@@ -85,7 +85,12 @@ impl TokenBucket {
             let refill_time = ceil_div_nanos(capacity - left, limit);
             return Decision::allow(limit, floor_div(left, w), refill_time);
         }
-        let retry = ceil_div_nanos(need - tokens, limit);
+        // A cost above the burst never fits; the answer still says what is left.
+        let retry = if cost > self.burst {
+            NEVER
+        } else {
+            ceil_div_nanos(need - tokens, limit)
+        };
         Decision::reject(
             limit,
             floor_div(tokens, w),
@@ -110,6 +115,18 @@ mod tests {
             .count();
         // 10 s of calls: the full first token plus 100 per second.
         assert_eq!(admitted, 1_000);
+    }
+
+    #[test]
+    fn a_cost_above_the_burst_still_reports_what_is_left() {
+        let tb = TokenBucket::new(10, Duration::from_secs(1)).with_burst(5);
+        let mut st = KeyState::default();
+        assert!(tb.check(&mut st, 0, 2).allowed);
+        let before = st;
+        let d = tb.check(&mut st, 0, 6);
+        assert!(d.can_never_pass());
+        assert_eq!((d.remaining, d.reset_after), (3, 200 * MS));
+        assert_eq!(st, before, "nothing charged");
     }
 
     #[test]

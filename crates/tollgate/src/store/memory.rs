@@ -17,8 +17,9 @@
 //!
 //! ## Memory
 //! A key costs one 8-byte fingerprint and a 16-byte [`KeyState`] in a hash table
-//! (about 50 bytes per key at load), a [`LogState`] for the sliding log, and 8 bytes
-//! more while it is locked out. Memory stays bounded three ways:
+//! (about 50 bytes per key at load), a [`LogState`] for the sliding log, a 136-byte
+//! [`WindowState`] for the sliding window counter, and 8 bytes more while it is locked
+//! out. Memory stays bounded three ways:
 //! - a state that has become fresh again (full bucket, ended window) is the same as no
 //!   state: it is dropped whenever a shard is swept;
 //! - each shard sweeps itself when it has grown to twice its size at the last sweep,
@@ -40,7 +41,7 @@ use hashbrown::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Error, Store};
-use crate::algorithm::{KeyState, Limit, LogState};
+use crate::algorithm::{KeyState, Limit, LogState, StateKind, WindowState};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 
@@ -89,6 +90,7 @@ pub struct MemoryStoreStats {
 struct Shard {
     keys: HashMap<u64, KeyState, Fingerprint>,
     logs: HashMap<u64, LogState, Fingerprint>,
+    windows: HashMap<u64, WindowState, Fingerprint>,
     blocks: HashMap<u64, Nanos, Fingerprint>,
     sweep_at: usize,
     /// The latest "now" a decision in this shard was made at (see `monotonic`).
@@ -185,11 +187,9 @@ impl MemoryStore {
         let mut decisions = Vec::with_capacity(checks.len());
         for (check, &fp) in checks.iter().zip(&fps) {
             let shard = guard_for(&mut guards, self.shard_of(fp));
-            if !undo
-                .iter()
-                .any(|u| u.fp == fp && u.log == check.limit.uses_log())
-            {
-                undo.push(Undo::save(shard, fp, check.limit.uses_log()));
+            let kind = check.limit.state_kind();
+            if !undo.iter().any(|u| u.fp == fp && u.saved.kind() == kind) {
+                undo.push(Undo::save(shard, fp, kind));
             }
             decisions.push(self.decide(shard, fp, check, now));
         }
@@ -271,19 +271,36 @@ impl MemoryStore {
     }
 
     fn run(&self, shard: &mut Shard, fp: u64, limit: &Limit, now: Nanos, cost: u64) -> Decision {
-        if limit.uses_log() {
-            return match shard.logs.entry(fp) {
-                Entry::Occupied(mut e) => limit.check_log(e.get_mut(), now, cost),
-                Entry::Vacant(e) => {
-                    let mut state = LogState::default();
-                    let d = limit.check_log(&mut state, now, cost);
-                    if !state.is_fresh(now) {
-                        e.insert(state);
-                        self.make_room(shard, now);
+        match limit.state_kind() {
+            StateKind::Key => {}
+            StateKind::Log => {
+                return match shard.logs.entry(fp) {
+                    Entry::Occupied(mut e) => limit.check_log(e.get_mut(), now, cost),
+                    Entry::Vacant(e) => {
+                        let mut state = LogState::default();
+                        let d = limit.check_log(&mut state, now, cost);
+                        if !state.is_fresh(now) {
+                            e.insert(state);
+                            self.make_room(shard, now);
+                        }
+                        d
                     }
-                    d
-                }
-            };
+                };
+            }
+            StateKind::Window => {
+                return match shard.windows.entry(fp) {
+                    Entry::Occupied(mut e) => limit.check_window(e.get_mut(), now, cost),
+                    Entry::Vacant(e) => {
+                        let mut state = WindowState::default();
+                        let d = limit.check_window(&mut state, now, cost);
+                        if !state.is_fresh(now) {
+                            e.insert(state);
+                            self.make_room(shard, now);
+                        }
+                        d
+                    }
+                };
+            }
         }
         match shard.keys.entry(fp) {
             Entry::Occupied(mut e) => limit.check_key(e.get_mut(), now, cost),
@@ -317,12 +334,13 @@ impl MemoryStore {
 
 impl Shard {
     fn len(&self) -> usize {
-        self.keys.len() + self.logs.len() + self.blocks.len()
+        self.keys.len() + self.logs.len() + self.windows.len() + self.blocks.len()
     }
 
     fn drop_fresh(&mut self, now: Nanos) {
         self.keys.retain(|_, s| !s.is_fresh(now));
         self.logs.retain(|_, s| !s.is_fresh(now));
+        self.windows.retain(|_, s| !s.is_fresh(now));
         self.blocks.retain(|_, &mut until| until > now);
     }
 
@@ -330,12 +348,14 @@ impl Shard {
     fn evict(&mut self, n: usize) -> usize {
         let mut expiries: Vec<Nanos> = self.keys.values().map(|s| s.expires_at).collect();
         expiries.extend(self.logs.values().map(LogState::expires_at));
+        expiries.extend(self.windows.values().map(|s| s.expires_at));
         let before = self.len();
         if n < expiries.len() {
             let (_, &mut cut, _) = expiries.select_nth_unstable(n);
             // Ties at `cut` may keep a few more than asked; the next insert evicts again.
             self.keys.retain(|_, s| s.expires_at >= cut);
             self.logs.retain(|_, s| s.expires_at() >= cut);
+            self.windows.retain(|_, s| s.expires_at >= cut);
             let mut extra = n.saturating_sub(before - self.len());
             self.keys.retain(|_, s| {
                 let evict = extra > 0 && s.expires_at == cut;
@@ -345,6 +365,7 @@ impl Shard {
         } else {
             self.keys.clear();
             self.logs.clear();
+            self.windows.clear();
             let left = n - expiries.len();
             if left > 0 {
                 let mut ends: Vec<Nanos> = self.blocks.values().copied().collect();
@@ -373,40 +394,47 @@ fn guard_for<'g, 's>(
 /// The state of one key before a multi-check request touched it.
 struct Undo {
     fp: u64,
-    log: bool,
-    key: Option<KeyState>,
-    log_state: Option<LogState>,
+    saved: Saved,
+}
+
+/// A key's state as it was, of the kind its limit keeps (`None`: there was none).
+enum Saved {
+    Key(Option<KeyState>),
+    Log(Option<LogState>),
+    Window(Option<WindowState>),
+}
+
+impl Saved {
+    fn kind(&self) -> StateKind {
+        match self {
+            Saved::Key(_) => StateKind::Key,
+            Saved::Log(_) => StateKind::Log,
+            Saved::Window(_) => StateKind::Window,
+        }
+    }
 }
 
 impl Undo {
-    fn save(shard: &Shard, fp: u64, log: bool) -> Self {
-        Self {
-            fp,
-            log,
-            key: if log {
-                None
-            } else {
-                shard.keys.get(&fp).copied()
-            },
-            log_state: if log {
-                shard.logs.get(&fp).cloned()
-            } else {
-                None
-            },
-        }
+    fn save(shard: &Shard, fp: u64, kind: StateKind) -> Self {
+        let saved = match kind {
+            StateKind::Key => Saved::Key(shard.keys.get(&fp).copied()),
+            StateKind::Log => Saved::Log(shard.logs.get(&fp).cloned()),
+            StateKind::Window => Saved::Window(shard.windows.get(&fp).copied()),
+        };
+        Self { fp, saved }
     }
 
     fn restore(self, shard: &mut Shard) {
-        if self.log {
-            match self.log_state {
-                Some(s) => shard.logs.insert(self.fp, s),
-                None => shard.logs.remove(&self.fp),
+        fn put<S>(map: &mut HashMap<u64, S, Fingerprint>, fp: u64, state: Option<S>) {
+            match state {
+                Some(s) => map.insert(fp, s),
+                None => map.remove(&fp),
             };
-        } else {
-            match self.key {
-                Some(s) => shard.keys.insert(self.fp, s),
-                None => shard.keys.remove(&self.fp),
-            };
+        }
+        match self.saved {
+            Saved::Key(s) => put(&mut shard.keys, self.fp, s),
+            Saved::Log(s) => put(&mut shard.logs, self.fp, s),
+            Saved::Window(s) => put(&mut shard.windows, self.fp, s),
         }
     }
 }

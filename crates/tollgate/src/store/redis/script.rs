@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
-use crate::algorithm::{Algorithm, LeakyMode, Limit};
+use crate::algorithm::{Algorithm, LeakyMode, Limit, SUB_WINDOWS};
 use crate::decision::{Decision, NEVER};
 use crate::store::Check;
 
@@ -168,6 +168,11 @@ impl Encoded {
         }
         for tick in [1, 1_000, 1_000_000, 1_000_000_000] {
             if a.window() % tick != 0 {
+                continue;
+            }
+            // The sliding window's sub-windows must be whole ticks as well, and the same
+            // length in both (`sliding_window::sub_len`).
+            if alg == 2 && tick > 1 && a.window() % (SUB_WINDOWS as u64 * tick) != 0 {
                 continue;
             }
             let window = a.window() / tick;

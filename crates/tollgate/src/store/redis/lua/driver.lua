@@ -20,7 +20,8 @@ end
 local function run(c, cost)
   if c.alg == 3 then return LOG_CHECK(c, cost) end
   local raw = CALL('GET', c.key)
-  local d, new = ALG[c.alg](c, unpack_state(c, raw), cost)
+  local read = READ[c.alg] or unpack_state
+  local d, new = ALG[c.alg](c, read(c, raw), cost)
   if new then
     -- A lone check (MULTI false) has nothing to take back: a rejected check writes
     -- no state (its lockout stays anyway).
@@ -28,7 +29,8 @@ local function run(c, cost)
       saved[c.key] = true
       UNDO[#UNDO + 1] = { 'state', c, raw }
     end
-    put_state(c, new)
+    local write = WRITE[c.alg] or put_state
+    write(c, new)
   end
   return d
 end
@@ -45,10 +47,13 @@ local function decide(c, cost)
     CALL('DEL', c.lock)
   end
   local d = run(c, cost)
-  if d[1] == 0 and d[4] ~= NEVER then
+  if d[1] == 0 then
+    -- Any rejection starts the lockout, whatever its cost (algorithm/lockout.rs); it
+    -- keeps reporting what the limit has left uncharged.
     local s, n = later(c, c.lockout)
     CALL('SET', c.lock, PACK('dd', s, ns_of(c, n)), 'PX', px(to_ms(c, c.lockout) + SLACK_MS))
-    d[2], d[3], d[4] = 0, c.lockout, c.lockout
+    d[3] = c.lockout
+    if d[4] ~= NEVER then d[4] = c.lockout end
   end
   return d
 end

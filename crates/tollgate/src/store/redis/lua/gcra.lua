@@ -1,7 +1,7 @@
 -- GCRA (algorithm/gcra.rs): state = the exact theoretical arrival time (see
 -- bucket_state). Quantities are scaled by r = limit / gcd.
 ALG[5] = function(c, st, cost)
-  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
   local r, wr = c.r, c.wr
   local tolerance = c.burst * wr
   local x = bucket_ahead(c, st)
@@ -14,13 +14,16 @@ ALG[5] = function(c, st, cost)
   end
   local room = tolerance - x
   if room < 0 then room = 0 end
-  return { 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0 }
+  -- A cost above the burst never fits; the answer still says what is left.
+  local retry = NEVER
+  if cost <= c.burst then retry = cdiv(new - tolerance, r) end
+  return { 0, fdiv(room, wr), cdiv(x, r), retry, 0 }
 end
 
 -- ALG[5] for a lone check (see ALONE in fixed_window.lua).
 ALONE[5] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
   return function(key, raw)
-    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if limit == 0 then return 0, 0, 0, NEVER, 0 end
     if raw == nil then raw = CALL('GET', key) end
     local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
     local tolerance = burst * wr
@@ -31,6 +34,8 @@ ALONE[5] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
     end
     local room = tolerance - x
     if room < 0 then room = 0 end
-    return 0, fdiv(room, wr), cdiv(x, r), cdiv(new - tolerance, r), 0
+    local retry = NEVER
+    if cost <= burst then retry = cdiv(new - tolerance, r) end
+    return 0, fdiv(room, wr), cdiv(x, r), retry, 0
   end
 end

@@ -1,7 +1,7 @@
 -- Leaky bucket, meter and queue (algorithm/leaky_bucket.rs): state = the exact
 -- instant the bucket is empty (see bucket_state). Scaled by r = limit / gcd.
 ALG[6] = function(c, st, cost)
-  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
   local r, wr = c.r, c.wr
   local capacity = c.burst * wr
   local level = bucket_ahead(c, st)
@@ -17,13 +17,16 @@ ALG[6] = function(c, st, cost)
   end
   local room = capacity - level
   if room < 0 then room = 0 end
-  return { 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0 }
+  -- A cost above the burst never fits; the answer still says what is left.
+  local retry = NEVER
+  if cost <= c.burst then retry = cdiv(level + need - capacity, r) end
+  return { 0, fdiv(room, wr), cdiv(level, r), retry, 0 }
 end
 
 -- ALG[6] for a lone check (see ALONE in fixed_window.lua).
 ALONE[6] = function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
   return function(key, raw)
-    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if limit == 0 then return 0, 0, 0, NEVER, 0 end
     if raw == nil then raw = CALL('GET', key) end
     local level = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
     local capacity = burst * wr
@@ -37,6 +40,8 @@ ALONE[6] = function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
     end
     local room = capacity - level
     if room < 0 then room = 0 end
-    return 0, fdiv(room, wr), cdiv(level, r), cdiv(level + need - capacity, r), 0
+    local retry = NEVER
+    if cost <= burst then retry = cdiv(level + need - capacity, r) end
+    return 0, fdiv(room, wr), cdiv(level, r), retry, 0
   end
 end

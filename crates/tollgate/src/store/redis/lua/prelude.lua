@@ -23,6 +23,9 @@ local ALG = {}
 -- Per algorithm code, optionally: the same decision for a request of one check with
 -- no lockout, written out without the driver's tables and calls (see driver.lua).
 local ALONE = {}
+-- Per algorithm code, optionally: how its state is read and written by the general path
+-- (driver.lua), when it is not the four doubles every other state is.
+local READ, WRITE = {}, {}
 local LOG_CHECK = nil
 local LOG_UNDO = nil
 -- Whether the request being decided has several checks: only then does a rejection
@@ -217,7 +220,7 @@ end
 -- another type too, and such a key is someone else's: the request fails (as GET's
 -- WRONGTYPE makes it fail) rather than overwrite it. Where a state was read, the fast
 -- paths SET ... PX it, or where its TTL stays, SETRANGE it in place (about 2,000
--- Redis instructions less than SET ... KEEPTTL; every state is 32 bytes).
+-- Redis instructions less than SET ... KEEPTTL).
 local function lone_create(key, state, ms)
   if not CALL('SET', key, state, 'PX', ms, 'NX') then
     error('tollgate: ' .. key .. ' holds a value that is not a Tollgate state')

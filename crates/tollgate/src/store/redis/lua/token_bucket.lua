@@ -1,7 +1,7 @@
 -- Token bucket (algorithm/token_bucket.rs): state = the exact instant the bucket is
 -- full again (see bucket_state). Quantities are scaled by r = limit / gcd.
 ALG[4] = function(c, st, cost)
-  if c.limit == 0 or cost > c.burst then return { 0, 0, 0, NEVER, 0 } end
+  if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
   local r, wr = c.r, c.wr
   local capacity = c.burst * wr
   local x = bucket_ahead(c, st)
@@ -16,14 +16,17 @@ ALG[4] = function(c, st, cost)
     if cost > 0 then nst = bucket_state(c, x + need) end
     return { 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0 }, nst
   end
-  return { 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0 }
+  -- A cost above the burst never fits; the answer still says what is left.
+  local retry = NEVER
+  if cost <= c.burst then retry = cdiv(need - tokens, r) end
+  return { 0, fdiv(tokens, wr), cdiv(missing, r), retry, 0 }
 end
 
 -- ALG[4] for a lone check (no lockout, not already rejected), state read and written
 -- here (see ALONE in fixed_window.lua).
 ALONE[4] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
   return function(key, raw)
-    if limit == 0 or cost > burst then return 0, 0, 0, NEVER, 0 end
+    if limit == 0 then return 0, 0, 0, NEVER, 0 end
     if raw == nil then raw = CALL('GET', key) end
     local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
     local capacity = burst * wr
@@ -36,6 +39,8 @@ ALONE[4] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
       if cost > 0 then lone_bucket_put(key, raw, x + need, tick, ns, nn, tps, r) end
       return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
     end
-    return 0, fdiv(tokens, wr), cdiv(missing, r), cdiv(need - tokens, r), 0
+    local retry = NEVER
+    if cost <= burst then retry = cdiv(need - tokens, r) end
+    return 0, fdiv(tokens, wr), cdiv(missing, r), retry, 0
   end
 end
