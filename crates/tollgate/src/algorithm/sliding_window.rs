@@ -12,7 +12,8 @@
 //!
 //! **The bound.** Each window is also cut into [`SUB_WINDOWS`] sub-windows of
 //! `ceil(window / 16)`; the state keeps the count of each of the last 17 and the instant of
-//! its last admission (rounded up to 1/65,535 of a sub-window). Every request admitted in
+//! its last admission (to the nanosecond up to a 68 s window; rounded up to 100 ns for an
+//! hour, 10 µs for a day). Every request admitted in
 //! a sub-window whose last admission is still inside the rolling window `(now - window,
 //! now]` may still be in it; the others certainly are not. Their sum, `bound`, is never
 //! below the true rolling count.
@@ -28,7 +29,7 @@
 //! it can admit a little less: a sub-window's requests count until its last one leaves
 //! (`tools/bench-accuracy.sh` measures both sides).
 //!
-//! **State.** [`WindowState`], 136 bytes: when it expires, the aligned window's end and
+//! **State.** [`WindowState`], 168 bytes: when it expires, the aligned window's end and
 //! two counts, the newest sub-window's start, 17 counts and 17 last-admission offsets.
 //!
 //! `remaining` is how much more would pass now by either arm; `reset_after` is the time
@@ -64,8 +65,12 @@ pub const SUB_WINDOWS: usize = 16;
 pub const MARGIN: u64 = 2;
 /// Sub-window counts kept: the rolling window overlaps at most this many.
 const RING: usize = SUB_WINDOWS + 1;
-/// A last admission is kept as `ceil(offset × QUANTA / sub-window)`.
-const QUANTA: u64 = 65_535;
+/// A last admission is kept as a 32-bit offset from its sub-window's start, in units of
+/// the first power of ten at least `sub-window / UNITS` nanoseconds: exact to the
+/// nanosecond for windows up to about 68 s (per second, per minute), 100 ns for an hour,
+/// 10 µs for a day. (A power of ten, so that the Redis scripts, which count in ticks of
+/// 1 ns to 1 s, use the same unit.)
+const UNITS: u64 = u32::MAX as u64;
 
 /// Sliding-window-counter parameters: `limit` per rolling `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +81,7 @@ pub struct SlidingWindow {
     pub window: Nanos,
 }
 
-/// Per-key state of a [`SlidingWindow`] (136 bytes).
+/// Per-key state of a [`SlidingWindow`] (168 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct WindowState {
     /// The instant from which this state decides as a fresh one does (a store may drop
@@ -92,8 +97,9 @@ pub struct WindowState {
     pub newest: Nanos,
     /// Admitted cost per sub-window, newest first.
     pub counts: [u32; RING],
-    /// Per sub-window, its last admission as `ceil(offset × 65535 / sub-window)`.
-    pub lasts: [u16; RING],
+    /// Per sub-window, its last admission: the offset from its start, rounded up to a
+    /// unit of nanoseconds (1 ns up to a 68 s window; see [`SlidingWindow`]).
+    pub lasts: [u32; RING],
 }
 
 impl WindowState {
@@ -209,11 +215,20 @@ pub(crate) fn sub_len(w: Nanos) -> Nanos {
     w.div_ceil(SUB_WINDOWS as u64).max(1)
 }
 
+/// The unit, in nanoseconds, of a sub-window's last admission.
+fn unit(b: Nanos) -> Nanos {
+    let at_least = b.div_ceil(UNITS);
+    let mut unit = 1;
+    while unit < at_least {
+        unit *= 10;
+    }
+    unit
+}
+
 /// Sub-window `i`'s last admission, as an instant (rounded up); `None` before the epoch.
 fn last_instant(state: &WindowState, i: usize, b: Nanos) -> Option<Nanos> {
     let start = state.newest.checked_sub(i as u64 * b)?;
-    let offset = (u128::from(state.lasts[i]) * u128::from(b)).div_ceil(u128::from(QUANTA));
-    Some(start.saturating_add(offset as u64))
+    Some(start.saturating_add(u64::from(state.lasts[i]) * unit(b)))
 }
 
 /// The cost admitted in sub-windows whose last admission is still in `(now - w, now]`.
@@ -286,8 +301,9 @@ fn charge_ring(state: &mut WindowState, now: Nanos, b: Nanos, cost: u64) {
     // A clock that stepped back into an earlier sub-window charges the newest one and
     // leaves its last admission where it is.
     if let Some(offset) = now.checked_sub(state.newest) {
-        let q = (u128::from(offset) * u128::from(QUANTA)).div_ceil(u128::from(b));
-        state.lasts[0] = state.lasts[0].max(q.min(u128::from(QUANTA)) as u16);
+        // offset < b, so the quotient is below 2^32 - 1.
+        let q = offset.div_ceil(unit(b)).min(UNITS);
+        state.lasts[0] = state.lasts[0].max(q as u32);
     }
 }
 
@@ -376,12 +392,10 @@ mod tests {
         }
         let in_the_first_minute = admitted.iter().filter(|&&t| t < t0 + 119 * S).count();
         assert_eq!(in_the_first_minute as u64, MARGIN);
-        // They leave when their sub-window's last admission leaves: a minute later.
+        // They leave when their sub-window's last admission leaves: a minute later, to
+        // the nanosecond.
         let first_after = admitted.iter().find(|&&t| t >= t0 + 119 * S).copied();
-        assert!(
-            first_after.is_some_and(|t| t <= t0 + 119 * S + S / 10),
-            "{first_after:?}"
-        );
+        assert_eq!(first_after, Some(t0 + 119 * S));
     }
 
     #[test]

@@ -1,35 +1,41 @@
 -- Sliding window counter (algorithm/sliding_window.rs): the classic estimate of two
 -- aligned windows, held to the true rolling count by 17 sub-window counts.
--- State, little-endian (WFMT), 158 bytes: as doubles, the instant it expires (s, ns),
+-- State, little-endian (WFMT), 192 bytes: as doubles, the instant it expires (s, ns),
 -- the aligned window's end (s, ns) and the newest sub-window's start (s, ns); as 4-byte
--- integers, the previous and current counts and the 17 sub-window counts (newest
--- first); as 2-byte integers, each sub-window's last admission (ceil(offset x 65535 /
--- sub-window)). It starts with the instant it expires, as every state does (undo_all
--- reads the TTL from there).
+-- integers, the previous and current counts, the 17 sub-window counts (newest first)
+-- and each sub-window's last admission (its offset, rounded up to a unit: the first power
+-- of ten of nanoseconds at least sub-window / (2^32 - 1), one nanosecond up to a 68 s
+-- window). It starts with the instant it expires, as every state does (undo_all reads
+-- the TTL from there).
 -- Here a state is a table of instants relative to the check's "now", in its ticks:
 -- { exp, fin (the window's end), fin_ok (end >= window), new, prev, cur, counts, lasts }.
 local SW_SUB = 16
 local SW_RING = 17
 local SW_MARGIN = 2
-local SW_QUANTA = 65535
+local SW_UNITS = 4294967295
 local WFMT = '<ddddddI4I4' ..
   'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4' ..
-  'HHHHHHHHHHHHHHHHH'
+  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4'
 
--- ceil(q x b / 65535) ticks: where a sub-window's last admission lies after its start
--- (q x b may pass 2^53).
-local function sw_offset(q, b)
-  local o = muldiv(q, b, SW_QUANTA)
-  if mulmod(q, b, SW_QUANTA) > 0 then o = o + 1 end
-  return o
+-- The unit of a sub-window's last admission, in ticks: the first power of ten of
+-- nanoseconds at least sub-window / (2^32 - 1), as algorithm/sliding_window.rs has it.
+-- Coarse ticks come only with windows of weeks or more, whose unit is a multiple of them.
+local function sw_unit(c, b)
+  local at_least = cdiv(b * c.tick, SW_UNITS)
+  local unit = 1
+  while unit < at_least do unit = unit * 10 end
+  if unit < c.tick then return 1 end
+  return unit / c.tick
 end
 
--- ceil(x x 65535 / b), at most 65535: an admission x ticks into its sub-window.
-local function sw_quantum(x, b)
-  local q = muldiv(x, SW_QUANTA, b)
-  if mulmod(x, SW_QUANTA, b) > 0 then q = q + 1 end
-  if q > SW_QUANTA then q = SW_QUANTA end
-  return q
+-- An admission x ticks into its sub-window, in units (rounded up).
+local function sw_quantum(c, x, b)
+  return cdiv(x, sw_unit(c, b))
+end
+
+-- Where a sub-window's last admission lies after its start, in ticks.
+local function sw_offset(c, q, b)
+  return q * sw_unit(c, b)
 end
 
 -- A stored state (raw bytes; false: none) as a table of relative instants.
@@ -56,14 +62,14 @@ local function sw_read(c, raw)
     st.fin = st.exp - w
     st.fin_ok = s * c.tps + ticks_of(c, n) >= 2 * w
     st.prev, st.cur, st.new = prev, cur, -at
-    counts[1], lasts[1] = cur, sw_quantum(at, b)
+    counts[1], lasts[1] = cur, sw_quantum(c, at, b)
     local p = st.fin - w - 1
     if prev > 0 and p + w > 0 then
       local _, r = divmod(at + p, b)
       local d = (-at - (p - r)) / b
-      local q = sw_quantum(r, b)
+      local q = sw_quantum(c, r, b)
       -- An old state from a clock now behind it: held in the newest sub-window.
-      if d < 0 then d, q = 0, SW_QUANTA end
+      if d < 0 then d, q = 0, sw_quantum(c, b - 1, b) end
       if d <= SW_SUB then
         counts[d + 1] = counts[d + 1] + prev
         if q > lasts[d + 1] then lasts[d + 1] = q end
@@ -164,11 +170,11 @@ local function sw_charge(c, st, e, prev, cur, cost, b)
   end
   counts[1] = counts[1] + cost
   if new <= 0 then
-    local q = sw_quantum(-new, b)
+    local q = sw_quantum(c, -new, b)
     if q > lasts[1] then lasts[1] = q end
   end
   local exp = e + w
-  local leaves = new + sw_offset(lasts[1], b) + w
+  local leaves = new + sw_offset(c, lasts[1], b) + w
   if leaves > exp then exp = leaves end
   return { exp = exp, fin = e, new = new, prev = prev, cur = cur + cost,
     counts = counts, lasts = lasts }
@@ -206,7 +212,7 @@ ALG[2] = function(c, st, cost)
   for i = 1, SW_RING do
     local n = st.counts[i]
     if n > 0 then
-      last[i] = st.new - (i - 1) * b + sw_offset(st.lasts[i], b)
+      last[i] = st.new - (i - 1) * b + sw_offset(c, st.lasts[i], b)
       if last[i] + w > 0 then bound = bound + n end
     end
   end
