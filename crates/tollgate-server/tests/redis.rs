@@ -26,12 +26,7 @@ fn cases() -> PathBuf {
 
 fn conformance(store: &str, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "conformance",
-            cases().to_str().unwrap(),
-            "--store",
-            store,
-        ])
+        .args(["conformance", cases().to_str().unwrap(), "--store", store])
         .args(args)
         .output()
         .unwrap();
