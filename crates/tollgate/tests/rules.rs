@@ -652,6 +652,104 @@ mod reload {
         assert!(wait_for(&rules, 9));
     }
 
+    /// (attempts, successes, failures) of `rules`.
+    fn counters(rules: &Rules) -> (u64, u64, u64) {
+        (
+            rules.reload_attempts(),
+            rules.load_successes(),
+            rules.load_failures(),
+        )
+    }
+
+    #[test]
+    fn a_watcher_over_unchanged_files_reads_nothing() {
+        let dir = tempdir("watch-idle");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        // Reading the files (a reload) must not itself look like a change.
+        rules.reload().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            counters(&rules),
+            (1, 1, 0),
+            "(attempts, successes, failures)"
+        );
+    }
+
+    #[test]
+    fn a_broken_edit_counts_one_failure_and_is_not_read_again_until_it_changes() {
+        let dir = tempdir("watch-broken");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.load_failures() == 0 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            counters(&rules),
+            (1, 1, 1),
+            "(attempts, successes, failures)"
+        );
+        // Asking again for the same bytes answers the same errors, without counting.
+        assert!(rules.reload().is_err());
+        assert_eq!(rules.load_failures(), 1);
+        // A new change that still fails is a new failure; a fix is a success.
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnights")).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.load_failures() == 1 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "5}")).unwrap();
+        assert!(wait_for(&rules, 5));
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(rules.load_failures(), 2);
+        assert_eq!(rules.load_successes(), 2);
+        assert!(rules.last_error().is_none());
+    }
+
+    #[test]
+    fn one_edit_is_one_reload() {
+        let dir = tempdir("watch-once");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "8}")).unwrap();
+        assert!(wait_for(&rules, 8));
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            counters(&rules),
+            (1, 2, 0),
+            "(attempts, successes, failures)"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_permission_change_alone_is_a_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempdir("watch-chmod");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        let mode = |m: u32| {
+            std::fs::set_permissions(dir.join("r.yaml"), std::fs::Permissions::from_mode(m))
+                .unwrap()
+        };
+        mode(0o600);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.reload_attempts() == 0 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mode(0o644);
+    }
+
     #[cfg(unix)]
     #[test]
     fn sighup_reloads() {
