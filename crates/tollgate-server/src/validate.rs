@@ -3,12 +3,16 @@
 
 use std::path::PathBuf;
 
-use tollgate::rules::{load, LoadOptions};
+use tollgate::rules::{load, ConfigError, LoadOptions};
 
 /// Validates the rule files at `paths`; prints errors to stderr or a summary per domain
 /// to stdout. Returns whether everything was valid.
+///
+/// The rules and the `http` sections are read by two readers; a problem both find (a
+/// file that is not valid YAML, a missing path) is printed once.
 pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
-    let http = match tollgate::http::config::load(paths) {
+    let mut errors: Vec<ConfigError> = Vec::new();
+    match tollgate::http::config::load(paths) {
         Ok(sections) => {
             for s in &sections {
                 println!(
@@ -17,16 +21,10 @@ pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
                     s.routes.len()
                 );
             }
-            true
         }
-        Err(errors) => {
-            for e in errors.iter() {
-                eprintln!("{e}");
-            }
-            false
-        }
-    };
-    let rules = match load(paths, options) {
+        Err(e) => errors.extend(e.0),
+    }
+    match load(paths, options) {
         Ok(set) => {
             for domain in set.domains() {
                 println!(
@@ -40,15 +38,19 @@ pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
             if set.domains().is_empty() {
                 println!("ok: no rule files found");
             }
-            true
         }
-        Err(errors) => {
-            for e in errors.iter() {
-                eprintln!("{e}");
-            }
-            eprintln!("{} error(s)", errors.0.len());
-            false
-        }
-    };
-    http && rules
+        Err(e) => errors.extend(e.0),
+    }
+    if errors.is_empty() {
+        return true;
+    }
+    errors.sort_by(|a, b| {
+        (&a.file, a.line, a.column, &a.message).cmp(&(&b.file, b.line, b.column, &b.message))
+    });
+    errors.dedup();
+    for e in &errors {
+        eprintln!("{e}");
+    }
+    eprintln!("{} error(s)", errors.len());
+    false
 }

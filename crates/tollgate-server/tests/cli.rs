@@ -84,6 +84,23 @@ fn validate_prints_every_error_with_file_line_and_column() {
 }
 
 #[test]
+fn validate_reports_a_yaml_syntax_error_once_as_a_yaml_error() {
+    let dir = tempdir("validate-syntax");
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: \"unclosed\n",
+    )
+    .unwrap();
+    let out = tollgate(&["validate", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let file = dir.join("bad.yaml").display().to_string();
+    assert_eq!(
+        text(&out.stderr),
+        format!("{file}:3:10: not valid YAML: while scanning a quoted scalar, found unexpected end of stream\n1 error(s)\n")
+    );
+}
+
+#[test]
 fn validate_summarises_each_valid_domain() {
     let dir = tempdir("validate-good");
     std::fs::write(
@@ -104,7 +121,11 @@ fn validate_summarises_each_valid_domain() {
 fn validate_names_a_missing_path() {
     let out = tollgate(&["validate", "/nonexistent/rules.yaml"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("/nonexistent/rules.yaml:0:0: no such file or directory"));
+    assert_eq!(
+        text(&out.stderr),
+        "/nonexistent/rules.yaml:0:0: no such file or directory\n1 error(s)\n",
+        "once, though both readers find it"
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Hot reload end to end: rewrite the rules under a running server; the new limits
-//! apply within 2 s; an invalid file leaves the old rules serving and counts an error.
+//! apply within 2 s; an invalid file leaves the old rules serving and counts an error,
+//! once; an idle server does not read its rules again.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -121,5 +122,99 @@ async fn a_server_with_invalid_rules_does_not_start() {
     assert!(
         stderr.contains("r.yaml:4:5: unknown key `ratelimit`"),
         "{stderr}"
+    );
+}
+
+/// (reload_attempts, load_successes, load_failures) from `/rules`.
+async fn counters(s: &Server) -> (u64, u64, u64) {
+    let r: Value = s.get_json("/rules").await;
+    let n = |k: &str| {
+        r[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} not in /rules: {r}"))
+    };
+    (
+        n("reload_attempts"),
+        n("load_successes"),
+        n("load_failures"),
+    )
+}
+
+/// Waits (2 s at most) until `/rules` says `key` is `value`.
+async fn wait_for_counter(s: &Server, key: &str, value: u64) {
+    let started = Instant::now();
+    loop {
+        let r: Value = s.get_json("/rules").await;
+        if r[key] == value {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{key} did not reach {value} within 2 s: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_idle_server_does_not_read_its_rules_again() {
+    let dir = tempdir("idle");
+    std::fs::write(dir.join("r.yaml"), V1).unwrap();
+    let s = Server::start(&dir, &[]).await;
+    // Someone reads the files (an operator's `cat`), and a reload is asked for: reading
+    // is not changing, for the server's own reads too.
+    std::fs::read(dir.join("r.yaml")).unwrap();
+    let r = Client::new()
+        .post(format!("{}/reload", s.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let before = counters(&s).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        counters(&s).await,
+        before,
+        "(attempts, successes, failures)"
+    );
+    assert_eq!(before, (1, 1, 0));
+}
+
+#[tokio::test]
+async fn a_broken_file_is_counted_and_logged_once_and_one_edit_is_one_reload() {
+    let dir = tempdir("idle-broken");
+    let log = dir.with_extension("log");
+    std::fs::write(dir.join("r.yaml"), V1).unwrap();
+    let s = Server::start_logging(&dir, &[], &log).await;
+
+    std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+    wait_for_counter(&s, "load_failures", 1).await;
+    let broken = counters(&s).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        counters(&s).await,
+        broken,
+        "(attempts, successes, failures)"
+    );
+    assert_eq!(broken, (1, 1, 1));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        logged.matches("rules not reloaded").count(),
+        1,
+        "logged once:\n{logged}"
+    );
+
+    // One edit, one reload.
+    std::fs::write(
+        dir.join("r.yaml"),
+        V1.replace("requests_per_unit: 1}", "requests_per_unit: 4}"),
+    )
+    .unwrap();
+    wait_for_counter(&s, "load_successes", 2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(counters(&s).await, (2, 2, 1));
+    let c = Client::new();
+    assert_eq!(
+        limit_of(&c, &s, "a").await.1["descriptors"][0]["limit"]["requests_per_unit"],
+        4
     );
 }

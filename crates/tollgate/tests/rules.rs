@@ -159,6 +159,45 @@ mod errors {
         assert_eq!(set.domain("d").unwrap().rule_count(), 2);
     }
 
+    #[test]
+    fn a_limit_that_replaces_itself_is_refused_with_its_line() {
+        // As Envoy's service refuses it ("replaces should not contain name of same
+        // descriptor"): the limit would skip itself and limit nothing.
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      name: me\n      replaces:\n        - name: me\n      unit: second\n      requests_per_unit: 5\n"),
+            ["7:17: rate limit `me` names itself in `replaces`: a limit replaces other limits, never itself"]
+        );
+        // In a `rate_limits:` list each limit is judged on its own.
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: second, requests_per_unit: 5}\n      - {name: b, unit: hour, requests_per_unit: 50, replaces: [{name: b}]}\n  - key: j\n    rate_limit: {name: c, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n"),
+            ["6:72: rate limit `b` names itself in `replaces`: a limit replaces other limits, never itself"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      name: me\n      replaces:\n        - name:\n      unit: second\n      requests_per_unit: 5\n"),
+            ["7:11: empty `replaces` entry: give the `name` of the rate limit it replaces"]
+        );
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_is_reported_once_with_its_line() {
+        let dir = tempdir("syntax");
+        std::fs::write(
+            dir.join("bad.yaml"),
+            "domain: d\ndescriptors:\n  - key: \"unclosed\n",
+        )
+        .unwrap();
+        let file = dir.join("bad.yaml").display().to_string();
+        let rules = super::load(&[&dir], super::LoadOptions::default()).unwrap_err();
+        assert_eq!(
+            rules.to_string(),
+            format!("{file}:3:10: not valid YAML: while scanning a quoted scalar, found unexpected end of stream")
+        );
+        // The gateway's reader of the same files reports the same problem word for word
+        // (not as a problem of its `http` section), so `tollgate validate` prints it once.
+        #[cfg(feature = "tower")]
+        assert_eq!(tollgate::http::config::load(&[&dir]).unwrap_err(), rules);
+    }
+
     pub(super) fn tempdir(name: &str) -> std::path::PathBuf {
         let dir =
             std::env::temp_dir().join(format!("tollgate-rules-{}-{name}", std::process::id()));
@@ -220,6 +259,74 @@ descriptors:
             None
         );
         assert_eq!(rpu(&[("k", "abc"), ("child", "c")]), None);
+    }
+}
+
+mod null_values {
+    use super::*;
+
+    /// A domain with no rules: every descriptor passes, unlimited by no rule.
+    fn limits_nothing(text: &str) {
+        let set = from_str("f.yaml", text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(set.domain("d").unwrap().rule_count(), 0, "{text}");
+        let (l, _) = limiter(text);
+        let r = l.check_now(&req("d", &[("k", "v")])).unwrap();
+        assert_eq!(r.overall, Code::Ok, "{text}");
+        assert!(r.statuses[0].limit.is_none(), "{text}");
+    }
+
+    #[test]
+    fn a_domain_whose_descriptors_are_null_empty_or_missing_loads_with_no_rules() {
+        // `descriptors:` with nothing after it is YAML's null, as in Envoy's own test
+        // files; Envoy's service reads it (and `[]`, `~`, or no key) as no descriptors.
+        for text in [
+            "domain: d\ndescriptors:\n",
+            "domain: d\ndescriptors: ~\n",
+            "domain: d\ndescriptors: null\n",
+            "domain: d\ndescriptors: []\n",
+            "domain: d\n",
+        ] {
+            limits_nothing(text);
+        }
+    }
+
+    #[test]
+    fn a_descriptor_whose_descriptors_are_null_keeps_its_own_limit() {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n";
+        let (l, _) = limiter(text);
+        assert_eq!(
+            l.check_now(&req("d", &[("k", "v")])).unwrap().overall,
+            Code::Ok
+        );
+        assert_eq!(
+            l.check_now(&req("d", &[("k", "v")])).unwrap().overall,
+            Code::OverLimit
+        );
+    }
+
+    #[test]
+    fn a_null_rate_limit_or_flag_is_not_given() {
+        // Envoy's service reads YAML's null as "not given": no limit (an allow-list
+        // rule), a flag that is off.
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n    shadow_mode:\n  - key: j\n    detailed_metric: ~\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let (l, _) = limiter(text);
+        let r = l.check_now(&req("d", &[("k", "v")])).unwrap();
+        assert!(r.statuses[0].limit.is_none());
+        assert_eq!(
+            l.check_now(&req("d", &[("j", "v")])).unwrap().overall,
+            Code::Ok
+        );
+        let r = l.check_now(&req("d", &[("j", "v")])).unwrap();
+        assert_eq!(r.overall, Code::OverLimit, "not in shadow mode");
+    }
+
+    #[test]
+    fn a_quoted_empty_string_is_not_a_list() {
+        // `""` is text, not null: Envoy's service refuses it too.
+        assert_eq!(
+            super::errors("domain: d\ndescriptors: \"\"\n"),
+            ["2:14: `descriptors` must be a list"]
+        );
     }
 }
 
@@ -543,6 +650,104 @@ mod reload {
         symlink("..v2", dir.join("..data_tmp")).unwrap();
         std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
         assert!(wait_for(&rules, 9));
+    }
+
+    /// (attempts, successes, failures) of `rules`.
+    fn counters(rules: &Rules) -> (u64, u64, u64) {
+        (
+            rules.reload_attempts(),
+            rules.load_successes(),
+            rules.load_failures(),
+        )
+    }
+
+    #[test]
+    fn a_watcher_over_unchanged_files_reads_nothing() {
+        let dir = tempdir("watch-idle");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        // Reading the files (a reload) must not itself look like a change.
+        rules.reload().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            counters(&rules),
+            (1, 1, 0),
+            "(attempts, successes, failures)"
+        );
+    }
+
+    #[test]
+    fn a_broken_edit_counts_one_failure_and_is_not_read_again_until_it_changes() {
+        let dir = tempdir("watch-broken");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.load_failures() == 0 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            counters(&rules),
+            (1, 1, 1),
+            "(attempts, successes, failures)"
+        );
+        // Asking again for the same bytes answers the same errors, without counting.
+        assert!(rules.reload().is_err());
+        assert_eq!(rules.load_failures(), 1);
+        // A new change that still fails is a new failure; a fix is a success.
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnights")).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.load_failures() == 1 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "5}")).unwrap();
+        assert!(wait_for(&rules, 5));
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(rules.load_failures(), 2);
+        assert_eq!(rules.load_successes(), 2);
+        assert!(rules.last_error().is_none());
+    }
+
+    #[test]
+    fn one_edit_is_one_reload() {
+        let dir = tempdir("watch-once");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "8}")).unwrap();
+        assert!(wait_for(&rules, 8));
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            counters(&rules),
+            (1, 2, 0),
+            "(attempts, successes, failures)"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_permission_change_alone_is_a_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempdir("watch-chmod");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        let mode = |m: u32| {
+            std::fs::set_permissions(dir.join("r.yaml"), std::fs::Permissions::from_mode(m))
+                .unwrap()
+        };
+        mode(0o600);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while rules.reload_attempts() == 0 {
+            assert!(std::time::Instant::now() < deadline, "not noticed in 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mode(0o644);
     }
 
     #[cfg(unix)]

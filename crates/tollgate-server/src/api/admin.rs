@@ -44,6 +44,7 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_jso
         "loaded_at_unix": set.loaded_at().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()),
         "files": set.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "domains": domains,
+        "reload_attempts": rules.reload_attempts(),
         "load_successes": rules.load_successes(),
         "load_failures": rules.load_failures(),
         "last_error": rules.last_error().map(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>()),

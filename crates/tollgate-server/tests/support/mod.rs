@@ -72,13 +72,46 @@ impl Server {
         F: Fn(String) -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
+        Server::start_inner(rules, args, ready, None).await
+    }
+
+    /// [`Server::start`], with the server's log (its standard error) written to `log`.
+    pub async fn start_logging(rules: &Path, args: &[&str], log: &Path) -> Server {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let ready = |http: String| {
+            let client = client.clone();
+            async move {
+                let r = client.get(format!("http://{http}/readyz")).send().await;
+                r.is_ok_and(|r| r.status() == 200)
+            }
+        };
+        Server::start_inner(rules, args, ready, Some(log)).await
+    }
+
+    async fn start_inner<F, Fut>(
+        rules: &Path,
+        args: &[&str],
+        ready: F,
+        log: Option<&Path>,
+    ) -> Server
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
         let mut exits = Vec::new();
         for _ in 0..5 {
             let (grpc, http) = (
                 format!("127.0.0.1:{}", free_port()),
                 format!("127.0.0.1:{}", free_port()),
             );
-            let child = spawn_tollgate(
+            let stderr = match log {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            };
+            let child = spawn_tollgate_with(
                 &[
                     "serve",
                     "--config",
@@ -89,6 +122,7 @@ impl Server {
                     &http,
                 ],
                 args,
+                stderr,
             );
             let mut server = Server {
                 child,
@@ -224,11 +258,15 @@ pub fn serve_refused(rules: &Path, args: &[&str]) -> String {
 /// Starts the `tollgate` binary with `command` then the test's own `args`, its output
 /// discarded.
 fn spawn_tollgate(command: &[&str], args: &[&str]) -> Child {
+    spawn_tollgate_with(command, args, Stdio::null())
+}
+
+fn spawn_tollgate_with(command: &[&str], args: &[&str], stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(command)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap()
 }

@@ -267,8 +267,15 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Vec<HttpRules>, ConfigErrors> 
     }
 }
 
-/// Reads the `http` section of one rule file's text (`None` when it has none).
+/// Reads the `http` section of one rule file's text (`None` when it has none). A text
+/// that is not YAML a rule file may use fails with the error that
+/// [`rules::load`](crate::rules::load) reports for it, word for word.
 pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, ConfigError> {
+    // Word for word, so that a caller reading both (`tollgate validate`) can tell it is
+    // one problem, not two.
+    if let Some(e) = crate::rules::yaml_error(file, text) {
+        return Err(e);
+    }
     let parsed: File = serde_norway::from_str(text).map_err(|e| {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
         ConfigError {

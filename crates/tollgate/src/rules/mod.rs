@@ -25,7 +25,9 @@
 //! `requests_per_unit`, `unlimited`, `name`, `replaces: [{name}]`), `shadow_mode`,
 //! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`, `metadata`
 //! and nested `descriptors`. A top-level `http` section belongs to the gateway and is
-//! ignored here. Any other key is an error.
+//! ignored here. Any other key is an error. As in Envoy's service, `descriptors:`,
+//! `rate_limit:` or a flag left empty (YAML's null) is as if not given: a domain may
+//! have no descriptors at all. A limit may not name itself in its own `replaces`.
 //!
 //! Tollgate's extensions, inside a rate limit: `algorithm` (`fixed_window` by default,
 //! `sliding_window`, `sliding_log`, `token_bucket`, `gcra`, `leaky_bucket`), `burst`,
@@ -35,7 +37,9 @@
 //!
 //! `quota_mode` and `metadata` are accepted so that Envoy rule files load unchanged;
 //! Tollgate gives them no behaviour (a limit with `quota_mode` is enforced as usual).
-//! YAML anchors and aliases are not supported.
+//! YAML anchors and aliases are not supported. Where Tollgate reads a rule file
+//! differently from envoyproxy/ratelimit, and why: README.md, "Rule files from
+//! envoyproxy/ratelimit".
 //!
 //! ## Matching
 //! See [`Domain::find`]. Counters are per runtime value, except below a wildcard rule
@@ -61,3 +65,5 @@ pub use unit::Unit;
 pub use watch::reload_on_sighup;
 #[cfg(feature = "watch")]
 pub use watch::{watch, Watcher};
+#[cfg(feature = "tower")]
+pub(crate) use yaml::yaml_error;

@@ -18,17 +18,30 @@ use super::tree::RuleSet;
 /// Readers call [`current`](Self::current) (a lock-free pointer load) once per request
 /// and keep that set for the whole request. [`reload`](Self::reload) parses and
 /// validates every file; only a set without a single error replaces the current one,
-/// atomically. A failed reload leaves the old set serving and is counted and kept in
-/// [`last_error`](Self::last_error). Counters live in the store keyed by each limit's
-/// identity, so they survive a reload that changes only a rule's numbers.
+/// atomically. A failed reload leaves the old set serving and is counted, logged and
+/// kept in [`last_error`](Self::last_error), once per failing set of files. Counters
+/// live in the store keyed by each limit's identity, so they survive a reload that
+/// changes only a rule's numbers.
 pub struct Rules {
     current: ArcSwap<RuleSet>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
-    loaded_digest: AtomicU64,
+    /// What the files looked like at the last reload; held through a reload, so that
+    /// reloads (watcher, SIGHUP, `POST /reload`) run one at a time.
+    seen: Mutex<Seen>,
+    attempts: AtomicU64,
     successes: AtomicU64,
     failures: AtomicU64,
     last_error: Mutex<Option<ConfigErrors>>,
+}
+
+/// Digests of the rule files' names and bytes.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The files of the set in force.
+    loaded: u64,
+    /// The files of the last set that failed, if none has loaded since.
+    failed: Option<u64>,
 }
 
 /// What happened on a reload.
@@ -43,15 +56,19 @@ pub enum ReloadOutcome {
 impl Rules {
     /// Loads the rules from `paths` (files or directories).
     pub fn load(paths: Vec<PathBuf>, options: LoadOptions) -> Result<Self, ConfigErrors> {
+        // Digest first: a file changed while loading makes the next reload load it.
+        let loaded = digest(&paths);
         let set = load(&paths, options)?;
         let rules = Self::fixed(set);
-        let rules = Self {
+        Ok(Self {
             paths,
             options,
+            seen: Mutex::new(Seen {
+                loaded,
+                failed: None,
+            }),
             ..rules
-        };
-        rules.loaded_digest.store(rules.digest(), Ordering::Relaxed);
-        Ok(rules)
+        })
     }
 
     /// A fixed rule set that [`reload`](Self::reload) never changes (no paths).
@@ -60,7 +77,8 @@ impl Rules {
             current: ArcSwap::from_pointee(set),
             paths: Vec::new(),
             options: LoadOptions::default(),
-            loaded_digest: AtomicU64::new(0),
+            seen: Mutex::new(Seen::default()),
+            attempts: AtomicU64::new(0),
             successes: AtomicU64::new(1),
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
@@ -78,18 +96,40 @@ impl Rules {
     }
 
     /// Reads the files again and swaps in the new set if it is valid. On error the old
-    /// set keeps serving and the error is returned (and kept in `last_error`).
+    /// set keeps serving and the errors are returned (and kept in `last_error`).
+    ///
+    /// Files byte for byte those of the set in force: [`ReloadOutcome::Unchanged`].
+    /// Files byte for byte those that failed last time: the kept errors again, neither
+    /// counted nor logged a second time (a set that fails is reported once, however
+    /// often it is asked for). Anything else is parsed and validated.
     pub fn reload(&self) -> Result<ReloadOutcome, ConfigErrors> {
-        let digest = self.digest();
-        if digest == self.loaded_digest.load(Ordering::Relaxed) && self.last_error.lock().is_none()
-        {
+        if self.paths.is_empty() {
             return Ok(ReloadOutcome::Unchanged);
+        }
+        let mut seen = self.seen.lock();
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let digest = digest(&self.paths);
+        if digest == seen.loaded {
+            seen.failed = None;
+            if self.last_error.lock().take().is_some() {
+                tracing::info!("the rule files are back to the rules in force");
+            }
+            return Ok(ReloadOutcome::Unchanged);
+        }
+        if seen.failed == Some(digest) {
+            if let Some(errors) = self.last_error() {
+                tracing::debug!("rules still not reloaded: the files have not changed");
+                return Err(errors);
+            }
         }
         match load(&self.paths, self.options) {
             Ok(set) => {
                 let (domains, rules) = summary(&set);
                 self.current.store(Arc::new(set));
-                self.loaded_digest.store(digest, Ordering::Relaxed);
+                *seen = Seen {
+                    loaded: digest,
+                    failed: None,
+                };
                 self.successes.fetch_add(1, Ordering::Relaxed);
                 *self.last_error.lock() = None;
                 tracing::info!(domains, rules, "rules reloaded");
@@ -99,10 +139,17 @@ impl Rules {
                 self.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(errors = %errors, "rules not reloaded: the old rules keep serving");
                 *self.last_error.lock() = Some(errors.clone());
-                self.loaded_digest.store(digest, Ordering::Relaxed);
+                seen.failed = Some(digest);
                 Err(errors)
             }
         }
+    }
+
+    /// Reloads asked for so far (by the file watcher, SIGHUP or a caller), whatever
+    /// their outcome; each reads every rule file. Rules whose files do not change are
+    /// asked for none by the watcher.
+    pub fn reload_attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
     }
 
     /// Successful loads so far (the first load counts).
@@ -110,7 +157,7 @@ impl Rules {
         self.successes.load(Ordering::Relaxed)
     }
 
-    /// Failed reloads so far.
+    /// Failed reloads so far: each failing set of files counts once.
     pub fn load_failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
@@ -119,16 +166,17 @@ impl Rules {
     pub fn last_error(&self) -> Option<ConfigErrors> {
         self.last_error.lock().clone()
     }
+}
 
-    /// A hash of the rule files' names and contents, to skip reloads that change nothing.
-    fn digest(&self) -> u64 {
-        let mut h = DefaultHasher::new();
-        for file in rule_files(&self.paths, &mut Vec::new()) {
-            file.hash(&mut h);
-            std::fs::read(&file).unwrap_or_default().hash(&mut h);
-        }
-        h.finish()
+/// A hash of the rule files' names and contents, to skip reloads that change nothing.
+/// A file that cannot be read counts as empty (the load reports why).
+fn digest(paths: &[PathBuf]) -> u64 {
+    let mut h = DefaultHasher::new();
+    for file in rule_files(paths, &mut Vec::new()) {
+        file.hash(&mut h);
+        std::fs::read(&file).unwrap_or_default().hash(&mut h);
     }
+    h.finish()
 }
 
 /// (domains, rules) in a set, for logs and summaries.

@@ -3,17 +3,27 @@
 //! The watcher watches the directories that hold the rule files (not the files: an
 //! editor that writes a temporary file and renames it, and a Kubernetes ConfigMap
 //! update, which swaps a `..data` symlink, both replace files rather than write them).
-//! Events are debounced for 200 ms, then [`Rules::reload`] runs; it does nothing when
-//! no file's bytes changed.
+//! It reacts to changes only: a file created, written, renamed or removed, or its
+//! metadata changed. Reading a file is not a change, so the watcher's own reloads (and
+//! anyone else reading the files) do not wake it. Events are debounced for 200 ms, then
+//! [`Rules::reload`] runs; it does nothing when no file's bytes changed, and reports a
+//! set of files that fails once, not on every attempt.
+//!
+//! A metadata event alone (permissions, owner, times) reloads only when the files'
+//! metadata really changed, access time aside: the kernel reports a read that updates a
+//! file's access time as a metadata change, and the reload's own reads would otherwise
+//! wake the watcher again.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use notify::event::{EventKind, MetadataKind, ModifyKind};
 use notify::{RecursiveMode, Watcher as _};
 
+use super::load::rule_files;
 use super::Rules;
 
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -23,14 +33,31 @@ pub struct Watcher {
     _watcher: notify::RecommendedWatcher,
 }
 
+/// What an event asks of the watcher thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Something was created, written, renamed or removed: reload.
+    Change,
+    /// Metadata only: reload if the files' metadata (access time aside) changed.
+    Metadata,
+}
+
+/// What `kind` asks for; `None` for events that change nothing (reads).
+fn wake(kind: &EventKind) -> Option<Wake> {
+    match kind {
+        EventKind::Access(_) => None,
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => None,
+        EventKind::Modify(ModifyKind::Metadata(_)) => Some(Wake::Metadata),
+        EventKind::Create(_)
+        | EventKind::Modify(_)
+        | EventKind::Remove(_)
+        | EventKind::Any
+        | EventKind::Other => Some(Wake::Change),
+    }
+}
+
 /// Starts reloading `rules` whenever a file in their directories changes.
 pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
-    let (tx, rx) = mpsc::channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
     let mut dirs: Vec<PathBuf> = rules
         .paths()
         .iter()
@@ -51,20 +78,88 @@ pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
         .collect();
     dirs.sort();
     dirs.dedup();
+    let (tx, rx) = mpsc::channel::<Wake>();
+    let watched = dirs.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            Ok(event) => match wake(&event.kind) {
+                // The directories' own metadata: their access time moves when they are
+                // listed, which every reload does.
+                Some(Wake::Metadata) if event.paths.iter().all(|p| watched.contains(p)) => {}
+                Some(w) => {
+                    let _ = tx.send(w);
+                }
+                None => {}
+            },
+            Err(e) => tracing::warn!(error = %e, "watching the rule files"),
+        }
+    })?;
     for dir in &dirs {
         watcher.watch(dir, RecursiveMode::NonRecursive)?;
     }
+    let mut seen = stamp(rules.paths());
     thread::Builder::new()
         .name("tollgate-rules-watch".into())
         .spawn(move || {
-            while rx.recv().is_ok() {
+            while let Ok(first) = rx.recv() {
                 // Let a burst of events (write, rename, symlink swap) settle.
-                while rx.recv_timeout(DEBOUNCE).is_ok() {}
-                let _ = rules.reload();
+                let mut change = first == Wake::Change;
+                while let Ok(w) = rx.recv_timeout(DEBOUNCE) {
+                    change |= w == Wake::Change;
+                }
+                // Before the reload, so that a change made during it is seen next time.
+                let now = stamp(rules.paths());
+                if change || now != seen {
+                    let _ = rules.reload();
+                }
+                seen = now;
             }
         })
         .map_err(|e| notify::Error::generic(&e.to_string()))?;
     Ok(Watcher { _watcher: watcher })
+}
+
+/// The rule files' metadata as a reload cares about it (followed through symlinks):
+/// which files, their identity, size, permissions, owner, and modification and status
+/// change times, but not their access time. Taken without opening any file.
+fn stamp(paths: &[PathBuf]) -> Vec<(PathBuf, Option<FileStamp>)> {
+    rule_files(paths, &mut Vec::new())
+        .into_iter()
+        .map(|file| {
+            let meta = file_stamp(&file);
+            (file, meta)
+        })
+        .collect()
+}
+
+#[cfg(unix)]
+type FileStamp = (u64, u64, u64, u32, u32, u32, i64, i64, i64, i64);
+
+#[cfg(unix)]
+fn file_stamp(file: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(file).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mode(),
+        m.uid(),
+        m.gid(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
+#[cfg(not(unix))]
+type FileStamp = (u64, bool, Option<std::time::SystemTime>);
+
+#[cfg(not(unix))]
+fn file_stamp(file: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(file).ok()?;
+    Some((m.len(), m.permissions().readonly(), m.modified().ok()))
 }
 
 /// Reloads `rules` on every SIGHUP, from a background thread, for the life of the process.
@@ -80,4 +175,38 @@ pub fn reload_on_sighup(rules: Arc<Rules>) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, RemoveKind, RenameMode};
+
+    #[test]
+    fn reads_are_not_changes_and_writes_renames_and_removals_are() {
+        assert_eq!(wake(&EventKind::Access(AccessKind::Read)), None);
+        assert_eq!(
+            wake(&EventKind::Access(AccessKind::Close(AccessMode::Write))),
+            None
+        );
+        assert_eq!(
+            wake(&EventKind::Modify(ModifyKind::Metadata(
+                MetadataKind::AccessTime
+            ))),
+            None
+        );
+        assert_eq!(
+            wake(&EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any))),
+            Some(Wake::Metadata)
+        );
+        for kind in [
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Other,
+        ] {
+            assert_eq!(wake(&kind), Some(Wake::Change), "{kind:?}");
+        }
+    }
 }

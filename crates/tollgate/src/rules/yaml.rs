@@ -178,10 +178,7 @@ impl<'a> Reader<'a> {
     /// Parses a whole file into a draft domain (`None` when it could not be read at all).
     pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
         self.lines = text.lines().map(str::to_string).collect();
-        let options = LoaderOptions::default()
-            .error_on_duplicate_keys(true)
-            .prevent_coercion(true);
-        let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
+        let root = match parse(text) {
             Ok(root) => root,
             Err(e) => {
                 self.yaml_error(e);
@@ -292,6 +289,11 @@ impl<'a> Reader<'a> {
     }
 
     fn descriptors(&mut self, node: &Node) -> Vec<DraftRule> {
+        // `descriptors:` with nothing after it (YAML's null) is an empty list, as in
+        // Envoy's service: a domain (or descriptor) with no rules below it.
+        if node.as_scalar().is_some_and(is_null) {
+            return Vec::new();
+        }
         let Some(seq) = node.as_sequence() else {
             self.error(node.span(), "`descriptors` must be a list");
             return Vec::new();
@@ -381,6 +383,8 @@ impl<'a> Reader<'a> {
                     "give either `rate_limit` or `rate_limits`, not both",
                 );
             }
+            // `rate_limit:` with nothing after it: no limit, as in Envoy's service.
+            (Some(one), None) if one.as_scalar().is_some_and(is_null) => {}
             (Some(one), None) => match self.rate_limit(one, true) {
                 Some(DraftLimit::Unlimited) => unlimited = true,
                 Some(DraftLimit::Limited(l)) => limits.push(l),
@@ -473,8 +477,12 @@ impl<'a> Reader<'a> {
         mode
     }
 
+    /// A flag: `None` when absent or null (Envoy's service reads both as false).
     fn bool_field(&mut self, map: &MarkedMappingNode, name: &str) -> Option<bool> {
         let node = map.get_node(name)?;
+        if node.as_scalar().is_some_and(is_null) {
+            return None;
+        }
         match node.as_scalar().map(|s| s.as_str().to_ascii_lowercase()) {
             Some(s) if s == "true" => Some(true),
             Some(s) if s == "false" => Some(false),
@@ -579,6 +587,16 @@ impl<'a> Reader<'a> {
         };
         let name = map.get_scalar("name").map(|s| s.as_str().to_string());
         let replaces = self.replaces(map);
+        if let Some(own) = &name {
+            for (other, span) in &replaces {
+                if other == own {
+                    self.error(
+                        span,
+                        format!("rate limit `{own}` names itself in `replaces`: a limit replaces other limits, never itself"),
+                    );
+                }
+            }
+        }
         let mut spec = LimitSpec::default();
         if let Some(n) = map.get_node("algorithm") {
             let text = n.as_scalar().map(MarkedScalarNode::as_str).unwrap_or("");
@@ -649,10 +667,16 @@ impl<'a> Reader<'a> {
         };
         let mut names = Vec::new();
         for item in seq.iter() {
-            match item.as_mapping().and_then(|m| m.get_scalar("name")) {
+            let entry = item.as_mapping();
+            match entry.and_then(|m| m.get_scalar("name")) {
                 Some(n) if !n.as_str().is_empty() => {
                     names.push((n.as_str().to_string(), *n.span()))
                 }
+                // The entry's start, since an empty value has no place of its own.
+                Some(_) => self.error(
+                    &entry.map_or(*item.span(), Self::start),
+                    "empty `replaces` entry: give the `name` of the rate limit it replaces",
+                ),
                 _ => self.error(
                     item.span(),
                     "each `replaces` entry must be `{name: <limit name>}`",
@@ -661,6 +685,32 @@ impl<'a> Reader<'a> {
         }
         names
     }
+}
+
+/// Parses a rule file's YAML: duplicate keys are errors, and scalars stay text (a
+/// number or `true` is read by the field that expects it).
+fn parse(text: &str) -> Result<Node, marked_yaml::LoadError> {
+    let options = LoaderOptions::default()
+        .error_on_duplicate_keys(true)
+        .prevent_coercion(true);
+    marked_yaml::parse_yaml_with_options(0, text, options)
+}
+
+/// YAML's null: a plain (unquoted) empty value, `~` or `null`.
+fn is_null(scalar: &MarkedScalarNode) -> bool {
+    scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
+}
+
+/// The problem that keeps `text` from being read as a rule file's YAML (a syntax
+/// error, a duplicate key, an anchor or a tag), worded and placed exactly as
+/// [`load`](super::load) reports it; `None` when the text is YAML a rule file may use.
+#[cfg(feature = "tower")]
+pub(crate) fn yaml_error(file: &str, text: &str) -> Option<ConfigError> {
+    let e = parse(text).err()?;
+    let mut reader = Reader::new(file);
+    reader.lines = text.lines().map(str::to_string).collect();
+    reader.yaml_error(e);
+    reader.errors.pop()
 }
 
 /// Parses `900s`, `15m`, `1h`, `1d`, `500ms` or a plain number of seconds.
