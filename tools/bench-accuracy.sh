@@ -6,12 +6,12 @@
 # crates/tollgate/benches/accuracy.rs for what each column means.
 #
 #   bash tools/bench-accuracy.sh                 # 200 keys, 30 simulated minutes, 100/60 s
-#   KEYS=50 MINUTES=10 LIMIT=1000 bash tools/bench-accuracy.sh
+#   KEYS=50 MINUTES=10 LIMIT=1000 ALGORITHMS=sliding_window,sliding_log bash tools/bench-accuracy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench_name=bench-accuracy
 source tools/lib.sh
 
 log "building and running (release)..."
-KEYS="${KEYS:-200}" MINUTES="${MINUTES:-30}" LIMIT="${LIMIT:-100}" \
+KEYS="${KEYS:-200}" MINUTES="${MINUTES:-30}" LIMIT="${LIMIT:-100}" ALGORITHMS="${ALGORITHMS:-}" \
   cargo bench -q -p tollgate --bench accuracy

@@ -19,7 +19,8 @@
 //!
 //! The token bucket, GCRA and leaky bucket enforce another rule (a burst of `LIMIT`
 //! plus a steady refill) and are listed for comparison. The numbers are deterministic
-//! (a fixed seed). Run with `bash tools/bench-accuracy.sh` or:
+//! (a fixed seed). `ALGORITHMS=sliding_window,sliding_log` runs only those. Run with
+//! `bash tools/bench-accuracy.sh` or:
 //!
 //! ```text
 //! cargo bench -p tollgate --bench accuracy
@@ -199,7 +200,11 @@ fn main() {
         "{:<15} {:<8} {:>5} {:>9} {:>10} {:>8} {:>8} {:>8}",
         "algorithm", "pattern", "load", "admitted", "max/limit", "differ", "over", "under"
     );
+    let only = std::env::var("ALGORITHMS").unwrap_or_default();
     for (name, l) in limits(limit) {
+        if !only.is_empty() && !only.split(',').any(|a| a == name) {
+            continue;
+        }
         for pattern in [Pattern::Steady, Pattern::Poisson, Pattern::Bursty] {
             for load in LOADS {
                 let t = run(&l, pattern, load, keys, minutes);

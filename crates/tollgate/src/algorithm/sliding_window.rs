@@ -1,5 +1,5 @@
 //! Sliding window counter: the classic two-window estimate, held to the true rolling
-//! count by sixteen sub-window counts.
+//! count by 32 sub-window counts.
 //!
 //! **The estimate.** The current aligned window's count plus the previous window's count
 //! weighted by how much of it the rolling window still covers (the counter Cloudflare and
@@ -11,9 +11,9 @@
 //! window, and about 1.2–1.4 × `limit` under plain Poisson traffic near the limit.
 //!
 //! **The bound.** Each window is also cut into [`SUB_WINDOWS`] sub-windows of
-//! `ceil(window / 16)`; the state keeps the count of each of the last 17 and the instant of
-//! its last admission (to the nanosecond up to a 68 s window; rounded up to 100 ns for an
-//! hour, 10 µs for a day). Every request admitted in
+//! `ceil(window / 32)`; the state keeps the count of each of the last 33 and the instant of
+//! its last admission (to the nanosecond up to a 137 s window; rounded up to 100 ns for an
+//! hour, 1 µs for a day). Every request admitted in
 //! a sub-window whose last admission is still inside the rolling window `(now - window,
 //! now]` may still be in it; the others certainly are not. Their sum, `bound`, is never
 //! below the true rolling count.
@@ -29,8 +29,8 @@
 //! it can admit a little less: a sub-window's requests count until its last one leaves
 //! (`tools/bench-accuracy.sh` measures both sides).
 //!
-//! **State.** [`WindowState`], 168 bytes: when it expires, the aligned window's end and
-//! two counts, the newest sub-window's start, 17 counts and 17 last-admission offsets.
+//! **State.** [`WindowState`], 296 bytes: when it expires, the aligned window's end and
+//! two counts, the newest sub-window's start, 33 counts and 33 last-admission offsets.
 //!
 //! `remaining` is how much more would pass now by either arm; `reset_after` is the time
 //! to the aligned window's end; a rejection's `retry_after` is exact: the first instant at
@@ -60,15 +60,15 @@ use crate::clock::{nanos, Nanos};
 use crate::decision::{Decision, NEVER};
 
 /// Sub-windows per window that the bound keeps counts of.
-pub const SUB_WINDOWS: usize = 16;
+pub const SUB_WINDOWS: usize = 32;
 /// How far past `limit` the classic estimate may take a rolling window (cost units).
 pub const MARGIN: u64 = 2;
 /// Sub-window counts kept: the rolling window overlaps at most this many.
 const RING: usize = SUB_WINDOWS + 1;
 /// A last admission is kept as a 32-bit offset from its sub-window's start, in units of
 /// the first power of ten at least `sub-window / UNITS` nanoseconds: exact to the
-/// nanosecond for windows up to about 68 s (per second, per minute), 100 ns for an hour,
-/// 10 µs for a day. (A power of ten, so that the Redis scripts, which count in ticks of
+/// nanosecond for windows up to about 137 s (per second, per minute), 100 ns for an hour,
+/// 1 µs for a day. (A power of ten, so that the Redis scripts, which count in ticks of
 /// 1 ns to 1 s, use the same unit.)
 const UNITS: u64 = u32::MAX as u64;
 
@@ -81,8 +81,8 @@ pub struct SlidingWindow {
     pub window: Nanos,
 }
 
-/// Per-key state of a [`SlidingWindow`] (168 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+/// Per-key state of a [`SlidingWindow`] (296 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowState {
     /// The instant from which this state decides as a fresh one does (a store may drop
     /// it): when both the aligned windows' counts and the newest sub-window are gone.
@@ -98,8 +98,22 @@ pub struct WindowState {
     /// Admitted cost per sub-window, newest first.
     pub counts: [u32; RING],
     /// Per sub-window, its last admission: the offset from its start, rounded up to a
-    /// unit of nanoseconds (1 ns up to a 68 s window; see [`SlidingWindow`]).
+    /// unit of nanoseconds (1 ns up to a 137 s window; see [`SlidingWindow`]).
     pub lasts: [u32; RING],
+}
+
+impl Default for WindowState {
+    fn default() -> Self {
+        Self {
+            expires_at: 0,
+            end: 0,
+            previous: 0,
+            current: 0,
+            newest: 0,
+            counts: [0; RING],
+            lasts: [0; RING],
+        }
+    }
 }
 
 impl WindowState {

@@ -1,21 +1,21 @@
 -- Sliding window counter (algorithm/sliding_window.rs): the classic estimate of two
--- aligned windows, held to the true rolling count by 17 sub-window counts.
--- State, little-endian (WFMT), 192 bytes: as doubles, the instant it expires (s, ns),
+-- aligned windows, held to the true rolling count by 33 sub-window counts.
+-- State, little-endian (WFMT), 320 bytes: as doubles, the instant it expires (s, ns),
 -- the aligned window's end (s, ns) and the newest sub-window's start (s, ns); as 4-byte
--- integers, the previous and current counts, the 17 sub-window counts (newest first)
+-- integers, the previous and current counts, the 33 sub-window counts (newest first)
 -- and each sub-window's last admission (its offset, rounded up to a unit: the first power
--- of ten of nanoseconds at least sub-window / (2^32 - 1), one nanosecond up to a 68 s
+-- of ten of nanoseconds at least sub-window / (2^32 - 1), one nanosecond up to a 137 s
 -- window). It starts with the instant it expires, as every state does (undo_all reads
 -- the TTL from there).
 -- Here a state is a table of instants relative to the check's "now", in its ticks:
 -- { exp, fin (the window's end), fin_ok (end >= window), new, prev, cur, counts, lasts }.
-local SW_SUB = 16
-local SW_RING = 17
+local SW_SUB = 32
+local SW_RING = 33
 local SW_MARGIN = 2
 local SW_UNITS = 4294967295
 local WFMT = '<ddddddI4I4' ..
-  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4' ..
-  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4'
+  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4' ..
+  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4'
 
 -- The unit of a sub-window's last admission, in ticks: the first power of ten of
 -- nanoseconds at least sub-window / (2^32 - 1), as algorithm/sliding_window.rs has it.
