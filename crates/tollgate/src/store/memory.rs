@@ -401,7 +401,7 @@ struct Undo {
 enum Saved {
     Key(Option<KeyState>),
     Log(Option<LogState>),
-    Window(Option<WindowState>),
+    Window(Option<Box<WindowState>>),
 }
 
 impl Saved {
@@ -419,7 +419,7 @@ impl Undo {
         let saved = match kind {
             StateKind::Key => Saved::Key(shard.keys.get(&fp).copied()),
             StateKind::Log => Saved::Log(shard.logs.get(&fp).cloned()),
-            StateKind::Window => Saved::Window(shard.windows.get(&fp).copied()),
+            StateKind::Window => Saved::Window(shard.windows.get(&fp).map(|s| Box::new(*s))),
         };
         Self { fp, saved }
     }
@@ -434,7 +434,7 @@ impl Undo {
         match self.saved {
             Saved::Key(s) => put(&mut shard.keys, self.fp, s),
             Saved::Log(s) => put(&mut shard.logs, self.fp, s),
-            Saved::Window(s) => put(&mut shard.windows, self.fp, s),
+            Saved::Window(s) => put(&mut shard.windows, self.fp, s.map(|s| *s)),
         }
     }
 }
