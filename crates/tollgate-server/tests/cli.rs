@@ -43,8 +43,7 @@ fn every_shared_case_passes_conformance_on_the_memory_store() {
 #[test]
 fn conformance_reports_a_failing_step_and_exits_non_zero() {
     let dir = tempdir("failing-case");
-    let case =
-        std::fs::read_to_string(cases().join("envoy/03-counting-window.yaml")).unwrap();
+    let case = std::fs::read_to_string(cases().join("envoy/03-counting-window.yaml")).unwrap();
     std::fs::write(
         dir.join("broken.yaml"),
         case.replace("requests_per_unit: 20}", "requests_per_unit: 21}"),
