@@ -21,8 +21,13 @@ use super::tree::RuleSet;
 /// atomically. A failed reload leaves the old set serving and is counted and kept in
 /// [`last_error`](Self::last_error). Counters live in the store keyed by each limit's
 /// identity, so they survive a reload that changes only a rule's numbers.
+///
+/// Whoever serves the rules can prepare for a new set before it is swapped in
+/// ([`before_swap`](Self::before_swap)): `tollgate serve` loads the Redis scripts the new
+/// rules need, so that their first requests find them loaded.
 pub struct Rules {
     current: ArcSwap<RuleSet>,
+    before_swap: Mutex<Option<Arc<BeforeSwap>>>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
     loaded_digest: AtomicU64,
@@ -30,6 +35,10 @@ pub struct Rules {
     failures: AtomicU64,
     last_error: Mutex<Option<ConfigErrors>>,
 }
+
+/// A hook run with each new, valid rule set before it replaces the one in force (see
+/// [`Rules::before_swap`]).
+pub type BeforeSwap = dyn Fn(&RuleSet) + Send + Sync;
 
 /// What happened on a reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +67,7 @@ impl Rules {
     pub fn fixed(set: RuleSet) -> Self {
         Self {
             current: ArcSwap::from_pointee(set),
+            before_swap: Mutex::new(None),
             paths: Vec::new(),
             options: LoadOptions::default(),
             loaded_digest: AtomicU64::new(0),
@@ -70,6 +80,18 @@ impl Rules {
     /// The rule set in force.
     pub fn current(&self) -> Arc<RuleSet> {
         self.current.load_full()
+    }
+
+    /// Runs `hook` with every new rule set that [`reload`](Self::reload) loads and
+    /// validates, before that set replaces the one in force (a reload that fails or
+    /// finds the files unchanged does not call it). The hook runs on the thread that
+    /// calls `reload` (the file watcher's, the SIGHUP thread, a blocking task) and may
+    /// block it: the old set serves until the hook returns. For example, a store can
+    /// prepare what the new limits need (the server loads the Redis scripts of their
+    /// algorithms), so that the first requests under the new rules find it ready. One
+    /// hook at a time: setting another replaces it.
+    pub fn before_swap(&self, hook: impl Fn(&RuleSet) + Send + Sync + 'static) {
+        *self.before_swap.lock() = Some(Arc::new(hook));
     }
 
     /// The paths the rules are loaded from.
@@ -88,6 +110,10 @@ impl Rules {
         match load(&self.paths, self.options) {
             Ok(set) => {
                 let (domains, rules) = summary(&set);
+                let hook = self.before_swap.lock().clone();
+                if let Some(hook) = hook {
+                    hook(&set);
+                }
                 self.current.store(Arc::new(set));
                 self.loaded_digest.store(digest, Ordering::Relaxed);
                 self.successes.fetch_add(1, Ordering::Relaxed);
