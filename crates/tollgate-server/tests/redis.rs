@@ -337,6 +337,40 @@ struct Round {
     connections: u64,
 }
 
+/// A rule reload loads the scripts the new rules need before they serve: once `POST
+/// /reload` has answered, Redis holds the library of every set of the new rules'
+/// algorithms, and the first request under them loads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_loads_the_new_rules_scripts_before_they_serve() {
+    let redis = RedisServer::start();
+    let dir = tempdir("redis-reload");
+    let rule = |alg: &str| {
+        format!("domain: r\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 5, algorithm: {alg}}}\n")
+    };
+    std::fs::write(dir.join("r.yaml"), rule("fixed_window")).unwrap();
+    let store = redis.url();
+    let server = Server::start(&dir, &["--store", store.as_str(), "--redis-deadline", "5s"]).await;
+    let library = |algs: &[&str]| tollgate::store::script_library(algs).unwrap().0;
+    let list = redis_server::command(redis.port, "FUNCTION LIST").unwrap();
+    assert!(list.contains(&library(&["fixed_window"])), "{list}");
+    assert!(!list.contains(&library(&["gcra"])), "{list}");
+
+    std::fs::write(dir.join("r.yaml"), rule("gcra")).unwrap();
+    let reloaded = reqwest::Client::new()
+        .post(format!("{}/reload", server.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reloaded.status(), 200);
+    let list = redis_server::command(redis.port, "FUNCTION LIST").unwrap();
+    assert!(list.contains(&library(&["gcra"])), "{list}");
+    let loads = redis.calls("function|load");
+    let (status, _) = check_domain(&reqwest::Client::new(), &server.http, "r").await;
+    assert_eq!(status, 200);
+    assert_eq!(redis.calls("function|load"), loads, "no load on first use");
+    assert!(redis.calls("fcall") > 0, "decided in Redis");
+}
+
 /// `tollgate serve --store rediss://…` with the CA and a client certificate (Redis
 /// requires one) decides in Redis; a certificate file that cannot be read stops the
 /// start, naming it.
