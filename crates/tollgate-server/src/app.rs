@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 use crate::cli::{CommonArgs, GrpcTransport, LogFormat, ServeArgs};
 use crate::metrics::Metrics;
 use crate::service::Service;
+use crate::warm::{self, Warmer};
 use crate::{api, grpc, workers};
 use tollgate::http::headers::HeaderSettings;
 
@@ -190,6 +191,13 @@ async fn run(args: ServeArgs) -> ExitCode {
         Arc::new(Metrics::new(args.common.near_limit_ratio)),
         headers,
     ));
+    // On Redis: reloads load the new rules' scripts before the swap, and the start
+    // waits (bounded) for the workers' connections and the scripts (see warm.rs).
+    let redis = service.limiter.store().redis().cloned();
+    let warm_up_timeout = args.common.redis_warm_up_timeout;
+    let warmer = redis
+        .clone()
+        .map(|store| Warmer::install(store, &rules, warm_up_timeout));
 
     let (grpc_listener, http_listener) = match (
         TcpListener::bind(args.grpc_listen).await,
@@ -215,6 +223,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
     let tls = grpc_tls.is_some();
+    let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
         move |(grpc, http)| {
@@ -223,11 +232,22 @@ async fn run(args: ServeArgs) -> ExitCode {
                 grpc_tls: grpc_tls.clone(),
                 http_tls: http_tls.clone(),
             };
-            serve_worker(Arc::clone(&service), listeners, grpc, http, stop.clone())
+            let (service, stop) = (Arc::clone(&service), stop.clone());
+            let (redis, warmed) = (redis.clone(), warmed_tx.clone());
+            async move {
+                // This worker's own Redis connection, made before it is handed calls.
+                let _ = warmed.send(warm::worker(redis, warm_up_timeout).await);
+                serve_worker(service, listeners, grpc, http, stop).await
+            }
         }
     }) else {
         return ExitCode::FAILURE;
     };
+    if let Some(warmer) = &warmer {
+        // Before the acceptors start (connections wait in the listen backlog meanwhile)
+        // and before /readyz says ready.
+        warmer.start(warm::reported(warmed_rx, count)).await;
+    }
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
     let acceptors = vec![
         tokio::spawn(workers::distribute(

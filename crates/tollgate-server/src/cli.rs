@@ -243,6 +243,15 @@ pub struct CommonArgs {
     /// TLS to a `rediss://` store.
     #[command(flatten)]
     pub redis_tls: RedisTlsArgs,
+    /// With a Redis store, how long the start-up warm-up may take: every worker's Redis
+    /// connection made and the scripts of every algorithm set the rules use loaded
+    /// before the listeners accept calls and `/readyz` answers 200. A Redis that is not
+    /// warm by then does not stop the start: the service serves (each rule's
+    /// `failure_mode` answers while Redis is unreachable), and goes on warming up in the
+    /// background. A rule reload waits as long for the new rules' scripts before it
+    /// swaps them in.
+    #[arg(long, env = "TOLLGATE_REDIS_WARM_UP_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub redis_warm_up_timeout: Duration,
     /// Keys over their limit are answered locally until their retry time, up to this
     /// many keys (0 turns the blocked-key cache off).
     #[arg(long, env = "TOLLGATE_BLOCKED_CACHE", default_value_t = 100_000)]

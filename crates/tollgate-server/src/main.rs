@@ -11,6 +11,7 @@ mod service;
 mod store;
 mod tls;
 mod validate;
+mod warm;
 mod workers;
 
 use std::process::ExitCode;

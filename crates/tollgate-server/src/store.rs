@@ -1,5 +1,6 @@
 //! [`AnyStore`]: the store `--store` selects, behind one type the limiter runs on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::Nanos;
@@ -10,8 +11,9 @@ use tollgate::store::{self, Check, MemoryStore, RedisStore, RedisTls, Store, Tim
 pub enum AnyStore {
     /// The embedded in-memory store.
     Memory(MemoryStore),
-    /// Redis (`redis://`) or Redis Cluster (`redis+cluster://`).
-    Redis(Box<RedisStore>),
+    /// Redis (`redis://`) or Redis Cluster (`redis+cluster://`); shared with the
+    /// warm-up (`warm.rs`), which loads the scripts of reloaded rules.
+    Redis(Arc<RedisStore>),
 }
 
 /// How to open a store.
@@ -69,7 +71,7 @@ impl AnyStore {
         builder
             .connect()
             .await
-            .map(|s| Self::Redis(Box::new(s)))
+            .map(|s| Self::Redis(Arc::new(s)))
             .map_err(|e| e.to_string())
     }
 
@@ -91,7 +93,7 @@ impl AnyStore {
     }
 
     /// The Redis store, when that is the store.
-    pub fn redis(&self) -> Option<&RedisStore> {
+    pub fn redis(&self) -> Option<&Arc<RedisStore>> {
         match self {
             AnyStore::Memory(_) => None,
             AnyStore::Redis(r) => Some(r),

@@ -180,6 +180,197 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
     assert_eq!(connected - 1, 2 * (1 + 2) + 2, "{info}");
 }
 
+/// Blocks until at least `margin` seconds are left in the current UTC day: a fixed or
+/// sliding window of a day starts again at midnight.
+fn away_from_a_day_boundary(margin: u64) {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        if 86_400 - now.as_secs() % 86_400 > margin {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Script loads (`FUNCTION LOAD`, `SCRIPT LOAD`) and connections Redis has taken so far
+/// (the one asking included), read with one `INFO all`.
+fn loads_and_connections(port: u16) -> (u64, u64) {
+    let info = redis_server::command(port, "INFO all").unwrap();
+    let number = |prefix: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let loads = number("cmdstat_function|load:calls=") + number("cmdstat_script|load:calls=");
+    let connections = number("total_connections_received:");
+    assert!(connections > 0, "no total_connections_received in {info}");
+    (loads, connections)
+}
+
+/// Instances that have just started decide in Redis from their first request. Per
+/// algorithm, four fresh `tollgate serve` (two with a connection per worker, two
+/// sharing one) on a Redis holding no script, no library and no key, then 700 calls
+/// with 100 in flight on one key limited to 300 a day. From the moment they are ready,
+/// Redis sees no new connection and no script load (each worker's connection was made
+/// and every script the rules can call was loaded before `/readyz` said ready), and
+/// exactly 300 calls are admitted, none answered by a failure mode. Before the start-up
+/// warm-up, the first calls made the connections and loaded the libraries under load:
+/// with the default 20 ms deadline some timed out and `fail_open` admitted 302–374.
+///
+/// The deadline here is long: the connections and loads are counted by Redis itself,
+/// and a short deadline would make the count depend on how busy the machine is (this
+/// binary's other tests run beside it, and the instances are debug builds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_instances_decide_in_redis_from_their_first_request() {
+    let redis = RedisServer::start();
+    let dir = tempdir("redis-cold");
+    let mut rules = String::from("domain: cold\ndescriptors:\n");
+    for alg in tollgate::store::SCRIPT_ALGORITHMS {
+        rules.push_str(&format!(
+            "  - key: alg\n    value: {alg}\n    rate_limit: {{unit: day, requests_per_unit: 300, algorithm: {alg}}}\n"
+        ));
+    }
+    std::fs::write(dir.join("cold.yaml"), rules).unwrap();
+    let store = redis.url();
+    let mut rounds = Vec::new();
+    for alg in tollgate::store::SCRIPT_ALGORITHMS {
+        for cmd in ["FUNCTION FLUSH", "SCRIPT FLUSH", "FLUSHALL"] {
+            let said = redis_server::command(redis.port, cmd).unwrap();
+            assert!(said.starts_with("+OK"), "{cmd}: {said}");
+        }
+        let mut servers = Vec::new();
+        for i in 0..4 {
+            let mut args = vec![
+                "--store",
+                store.as_str(),
+                "--workers",
+                "2",
+                "--redis-deadline",
+                "5s",
+            ];
+            if i % 2 == 1 {
+                args.push("--redis-shared-connection");
+            }
+            servers.push(Server::start(&dir, &args).await);
+        }
+        away_from_a_day_boundary(60);
+        let (loads_before, connections_before) = loads_and_connections(redis.port);
+        let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
+        let body = serde_json::json!({"domain": "cold", "descriptors": [{"alg": alg}]});
+        let sent = Arc::new(AtomicU64::new(0));
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut clients = Vec::new();
+        for c in 0..100 {
+            let (sent, admitted, urls) = (sent.clone(), admitted.clone(), urls.clone());
+            let body = body.clone();
+            clients.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let url = format!("{}/v1/check", urls[c % urls.len()]);
+                while sent.fetch_add(1, Ordering::Relaxed) < 700 {
+                    let status = client.post(&url).json(&body).send().await.unwrap().status();
+                    match status.as_u16() {
+                        200 => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        429 => {}
+                        other => panic!("status {other}"),
+                    }
+                }
+            }));
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
+        let mut failures = Vec::new();
+        for server in &servers {
+            let metrics = server.get_text("/metrics").await;
+            failures.extend(
+                metrics
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("tollgate_store_errors_total{")
+                            || l.starts_with("tollgate_store_fallbacks_total{")
+                    })
+                    .map(str::to_owned),
+            );
+        }
+        let (loads_after, connections_after) = loads_and_connections(redis.port);
+        rounds.push(Round {
+            alg,
+            admitted: admitted.load(Ordering::Relaxed),
+            failures,
+            loads: loads_after - loads_before,
+            // Not counting the connection that asked the second time.
+            connections: connections_after - connections_before - 1,
+        });
+    }
+    // Every algorithm's first round: exactly the limit, from Redis alone, on
+    // connections made and scripts loaded before the instances said they were ready.
+    let expected: Vec<Round> = tollgate::store::SCRIPT_ALGORITHMS
+        .iter()
+        .map(|alg| Round {
+            alg,
+            admitted: 300,
+            failures: Vec::new(),
+            loads: 0,
+            connections: 0,
+        })
+        .collect();
+    assert_eq!(rounds, expected);
+}
+
+/// What one round of [`fresh_instances_decide_in_redis_from_their_first_request`] saw.
+#[derive(Debug, PartialEq)]
+struct Round {
+    alg: &'static str,
+    /// Calls admitted.
+    admitted: u64,
+    /// The store error and fallback lines of the instances' metrics.
+    failures: Vec<String>,
+    /// `FUNCTION LOAD` and `SCRIPT LOAD` calls Redis took during the round.
+    loads: u64,
+    /// Connections Redis accepted during the round.
+    connections: u64,
+}
+
+/// A rule reload loads the scripts the new rules need before they serve: once `POST
+/// /reload` has answered, Redis holds the library of every set of the new rules'
+/// algorithms, and the first request under them loads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_loads_the_new_rules_scripts_before_they_serve() {
+    let redis = RedisServer::start();
+    let dir = tempdir("redis-reload");
+    let rule = |alg: &str| {
+        format!("domain: r\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 5, algorithm: {alg}}}\n")
+    };
+    std::fs::write(dir.join("r.yaml"), rule("fixed_window")).unwrap();
+    let store = redis.url();
+    let server = Server::start(&dir, &["--store", store.as_str(), "--redis-deadline", "5s"]).await;
+    let library = |algs: &[&str]| tollgate::store::script_library(algs).unwrap().0;
+    let list = redis_server::command(redis.port, "FUNCTION LIST").unwrap();
+    assert!(list.contains(&library(&["fixed_window"])), "{list}");
+    assert!(!list.contains(&library(&["gcra"])), "{list}");
+
+    std::fs::write(dir.join("r.yaml"), rule("gcra")).unwrap();
+    let reloaded = reqwest::Client::new()
+        .post(format!("{}/reload", server.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reloaded.status(), 200);
+    let list = redis_server::command(redis.port, "FUNCTION LIST").unwrap();
+    assert!(list.contains(&library(&["gcra"])), "{list}");
+    let loads = redis.calls("function|load");
+    let (status, _) = check_domain(&reqwest::Client::new(), &server.http, "r").await;
+    assert_eq!(status, 200);
+    assert_eq!(redis.calls("function|load"), loads, "no load on first use");
+    assert!(redis.calls("fcall") > 0, "decided in Redis");
+}
+
 /// `tollgate serve --store rediss://…` with the CA and a client certificate (Redis
 /// requires one) decides in Redis; a certificate file that cannot be read stops the
 /// start, naming it.

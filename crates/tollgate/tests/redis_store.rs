@@ -660,6 +660,120 @@ fn a_redis_without_functions_turns_the_store_to_evalsha() {
     decides_through_evalsha(&server, server.url());
 }
 
+/// The rules of the warm-up tests: three algorithms, two in one descriptor's list.
+const WARM_RULES: &str = "domain: w
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra}
+  - key: b
+    rate_limits:
+      - {unit: hour, requests_per_unit: 5, algorithm: token_bucket}
+      - {unit: day, requests_per_unit: 50}
+";
+
+/// The warm-up: `load_scripts` loads a library for every set of the algorithms the rules
+/// use (7 for three), which another instance then finds loaded; `connect_this_runtime`
+/// makes the current-thread runtime's own connection, and the first request of every
+/// set goes through it with no load.
+#[test]
+fn a_warm_up_loads_every_script_set_and_makes_the_runtimes_connection() {
+    let server = RedisServer::start();
+    let rules = tollgate::rules::from_str("w.yaml", WARM_RULES).unwrap();
+    let sets = RedisStore::script_sets(&rules);
+    assert_eq!(sets.len(), 7, "every non-empty subset of three algorithms");
+    let rt = runtime();
+    let store = slow_machine_store(&rt, RedisStore::builder(server.url()).blocked_cache(0));
+    let loaded = rt.block_on(store.load_scripts(&sets)).unwrap();
+    assert_eq!((loaded.sets, loaded.new, loaded.functions), (7, 7, true));
+    let list = command(server.port, "FUNCTION LIST").unwrap();
+    for set in &sets {
+        let (name, _) = tollgate::store::script_library(&set.names()).unwrap();
+        assert!(list.contains(&name), "{:?} not loaded: {list}", set.names());
+    }
+    // Another instance (a runtime of its own, dropped with its connection after).
+    let elsewhere = runtime();
+    let other = slow_machine_store(&elsewhere, RedisStore::builder(server.url()));
+    let again = elsewhere.block_on(other.load_scripts(&sets)).unwrap();
+    assert_eq!((again.sets, again.new), (7, 0), "found loaded");
+    drop((other, elsewhere));
+    let before = await_clients(&server, 1);
+    assert!(rt.block_on(store.connect_this_runtime()));
+    assert_eq!(connected_clients(&server), before + 1, "the runtime's own");
+    let loads = server.calls("function|load");
+    // One request per set: the rules' limits, in every combination.
+    let domain = rules.domain("w").unwrap();
+    let limits: Vec<&Limit> = domain
+        .rules()
+        .iter()
+        .flat_map(|r| r.limits.iter().map(|l| &l.limit))
+        .collect();
+    for (i, set) in sets.iter().enumerate() {
+        let key = format!("k{i}");
+        let checks: Vec<Check<'_>> = limits
+            .iter()
+            .filter(|l| {
+                tollgate::store::ScriptSet::of([**l])
+                    .names()
+                    .iter()
+                    .all(|n| set.names().contains(n))
+            })
+            .map(|l| Check::new(l, &key, 1))
+            .collect();
+        assert_eq!(
+            tollgate::store::ScriptSet::of(checks.iter().map(|c| c.limit)),
+            *set
+        );
+        let decided = rt.block_on(store.check(0, &checks)).unwrap();
+        assert!(decided.iter().all(|d| d.allowed), "{:?}", set.names());
+    }
+    assert_eq!(server.calls("function|load"), loads, "no load on first use");
+    let clients = command(server.port, "CLIENT LIST").unwrap();
+    assert!(
+        !clients.contains(" cmd=ping "),
+        "the runtime's connection carried the requests: {clients}"
+    );
+    assert_eq!(store.stats().errors, 0);
+}
+
+/// An ACL that lets the store load libraries but not call them (`FCALL` forbidden): the
+/// warm-up finds out, turns the store to `EVALSHA` and loads the scripts, so that the
+/// first requests find them (no `NOSCRIPT`, no load).
+#[test]
+fn a_warm_up_turns_to_evalsha_when_fcall_is_forbidden() {
+    let server = RedisServer::start();
+    let reply = command(
+        server.port,
+        "ACL SETUSER nofcall on >secret ~* &* +@all -fcall -fcall_ro",
+    )
+    .unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let url = format!("redis://nofcall:secret@127.0.0.1:{}", server.port);
+    let rules = tollgate::rules::from_str("w.yaml", WARM_RULES).unwrap();
+    let sets = RedisStore::script_sets(&rules);
+    let rt = runtime();
+    let store = slow_machine_store(&rt, RedisStore::builder(url).blocked_cache(0));
+    let loaded = rt.block_on(store.load_scripts(&sets)).unwrap();
+    assert_eq!((loaded.sets, loaded.functions), (7, false));
+    let script_loads = server.calls("script|load");
+    assert_eq!(script_loads, 7);
+    let l = fixed(3, Duration::from_secs(3_600));
+    for _ in 0..4 {
+        rt.block_on(store.check(0, &[Check::new(&l, "k", 1)]))
+            .unwrap();
+    }
+    assert_eq!(
+        server.calls("evalsha"),
+        4,
+        "one EVALSHA per decision, no NOSCRIPT"
+    );
+    assert_eq!(
+        server.calls("script|load"),
+        script_loads,
+        "no load on first use"
+    );
+    assert_eq!(store.stats().errors, 0);
+}
+
 #[test]
 fn every_key_gets_a_ttl_just_past_the_time_it_matters() {
     minute::away_from_a_minute_boundary(10); // per-minute windows by Redis TIME

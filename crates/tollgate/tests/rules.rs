@@ -607,6 +607,30 @@ mod reload {
         assert!(rules.last_error().is_none());
     }
 
+    #[test]
+    fn the_before_swap_hook_sees_each_new_set_while_the_old_one_serves() {
+        let dir = tempdir("before-swap");
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        let rules = Arc::new(Rules::load(vec![dir.clone()], LoadOptions::default()).unwrap());
+        let rpu = |set: &tollgate::rules::RuleSet| {
+            set.domain("r").unwrap().rules()[0].limits[0].requests_per_unit
+        };
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (serving, seen_by_hook) = (Arc::downgrade(&rules), Arc::clone(&seen));
+        rules.before_swap(move |new| {
+            let old = serving.upgrade().map(|r| rpu(&r.current()));
+            seen_by_hook.lock().unwrap().push((rpu(new), old));
+        });
+        std::fs::write(dir.join("r.yaml"), V1.replace("3}", "4}")).unwrap();
+        rules.reload().unwrap();
+        // Unchanged files and an invalid set do not call it.
+        rules.reload().unwrap();
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+        assert!(rules.reload().is_err());
+        assert_eq!(*seen.lock().unwrap(), [(4, Some(3))]);
+        assert_eq!(rpu(&rules.current()), 4, "swapped in after the hook");
+    }
+
     fn wait_for(rules: &Rules, rpu: u64) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while std::time::Instant::now() < deadline {

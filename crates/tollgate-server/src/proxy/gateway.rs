@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tollgate::http::headers::HeaderSettings;
 use tollgate::http::{DecisionObserver, RateLimitLayer};
 use tollgate::inflight::{InFlight, MemoryInFlight, Permit, RedisInFlight};
@@ -22,6 +22,7 @@ use crate::app::{core, init_logging, runtime, shutdown_signal, stopped, sweep, C
 use crate::cli::ProxyArgs;
 use crate::metrics::Metrics;
 use crate::service::Service;
+use crate::warm::{self, Warmer};
 use crate::workers;
 
 /// Runs the gateway until SIGTERM or SIGINT, then drains.
@@ -53,6 +54,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let Core {
+        rules,
         limiter,
         store_name,
         redis_tls,
@@ -111,6 +113,13 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             legacy: args.common.legacy_headers,
         },
     ));
+    // On Redis, as `serve` does: reloads load the new rules' scripts before the swap,
+    // and the start waits (bounded) for the workers' connections and the scripts.
+    let redis = service.limiter.store().redis().cloned();
+    let warm_up_timeout = args.common.redis_warm_up_timeout;
+    let warmer = redis
+        .clone()
+        .map(|store| Warmer::install(store, &rules, warm_up_timeout));
     let layer = match RateLimitLayer::new(Arc::clone(&service.limiter)) {
         Ok(l) => {
             let l = l
@@ -152,13 +161,17 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
+    let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-proxy", receivers, {
         let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
         let tls = tls.clone();
         move |connections| {
             let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
             let tls = tls.clone();
+            let (redis, warmed) = (redis.clone(), warmed_tx.clone());
             async move {
+                // This worker's own Redis connection, made before it is handed requests.
+                let _ = warmed.send(warm::worker(redis, warm_up_timeout).await);
                 // Each worker has its own upstream connection pool.
                 let upstream = Upstream::new(&upstream, settings)?;
                 workers::serve_http(connections, layer.layer(upstream), tls, stop).await;
@@ -181,6 +194,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             }
         })
     });
+    if let Some(warmer) = &warmer {
+        warmer.start(warm::reported(warmed_rx, count)).await;
+    }
     let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
     service.set_ready(true);
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");

@@ -58,7 +58,7 @@ mod yaml;
 pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
 pub use load::{from_str, load, rule_files, LoadOptions};
-pub use reload::{summary, ReloadOutcome, Rules};
+pub use reload::{summary, BeforeSwap, ReloadOutcome, Rules};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;
 #[cfg(all(feature = "watch", unix))]

@@ -22,8 +22,13 @@ use super::tree::RuleSet;
 /// kept in [`last_error`](Self::last_error), once per failing set of files. Counters
 /// live in the store keyed by each limit's identity, so they survive a reload that
 /// changes only a rule's numbers.
+///
+/// Whoever serves the rules can prepare for a new set before it is swapped in
+/// ([`before_swap`](Self::before_swap)): `tollgate serve` loads the Redis scripts the new
+/// rules need, so that their first requests find them loaded.
 pub struct Rules {
     current: ArcSwap<RuleSet>,
+    before_swap: Mutex<Option<Arc<BeforeSwap>>>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
     /// What the files looked like at the last reload; held through a reload, so that
@@ -43,6 +48,10 @@ struct Seen {
     /// The files of the last set that failed, if none has loaded since.
     failed: Option<u64>,
 }
+
+/// A hook run with each new, valid rule set before it replaces the one in force (see
+/// [`Rules::before_swap`]).
+pub type BeforeSwap = dyn Fn(&RuleSet) + Send + Sync;
 
 /// What happened on a reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +84,7 @@ impl Rules {
     pub fn fixed(set: RuleSet) -> Self {
         Self {
             current: ArcSwap::from_pointee(set),
+            before_swap: Mutex::new(None),
             paths: Vec::new(),
             options: LoadOptions::default(),
             seen: Mutex::new(Seen::default()),
@@ -88,6 +98,18 @@ impl Rules {
     /// The rule set in force.
     pub fn current(&self) -> Arc<RuleSet> {
         self.current.load_full()
+    }
+
+    /// Runs `hook` with every new rule set that [`reload`](Self::reload) loads and
+    /// validates, before that set replaces the one in force (a reload that fails or
+    /// finds the files unchanged does not call it). The hook runs on the thread that
+    /// calls `reload` (the file watcher's, the SIGHUP thread, a blocking task) and may
+    /// block it: the old set serves until the hook returns. For example, a store can
+    /// prepare what the new limits need (the server loads the Redis scripts of their
+    /// algorithms), so that the first requests under the new rules find it ready. One
+    /// hook at a time: setting another replaces it.
+    pub fn before_swap(&self, hook: impl Fn(&RuleSet) + Send + Sync + 'static) {
+        *self.before_swap.lock() = Some(Arc::new(hook));
     }
 
     /// The paths the rules are loaded from.
@@ -125,6 +147,10 @@ impl Rules {
         match load(&self.paths, self.options) {
             Ok(set) => {
                 let (domains, rules) = summary(&set);
+                let hook = self.before_swap.lock().clone();
+                if let Some(hook) = hook {
+                    hook(&set);
+                }
                 self.current.store(Arc::new(set));
                 *seen = Seen {
                     loaded: digest,

@@ -19,8 +19,8 @@ pub(crate) use memory::Fingerprint;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
-    script_library, script_source, RedisStore, RedisStoreBuilder, RedisStoreStats, RedisTls,
-    ScriptCall, TimeSource, SCRIPT_ALGORITHMS,
+    script_library, script_source, Loaded, RedisStore, RedisStoreBuilder, RedisStoreStats,
+    RedisTls, ScriptCall, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
 };
 
 use crate::algorithm::Limit;

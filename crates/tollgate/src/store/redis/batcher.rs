@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Id, RuntimeFlavor};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use super::{client, invoke_all, script, Connection, RedisTls, Request, Shared};
 use crate::store::Error;
@@ -59,14 +59,46 @@ struct ThreadBatcher {
     queue: mpsc::WeakSender<Job>,
     /// Set once its connection has answered a `PING`; until then the runtime's requests
     /// go to the shared batcher, so none waits for a connection to be made.
-    ready: Arc<AtomicBool>,
+    ready: Arc<Ready>,
 }
 
 /// A batcher of a current-thread runtime, as its store holds it.
 #[derive(Clone)]
 struct RuntimeBatcher {
     queue: mpsc::Sender<Job>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Ready>,
+}
+
+/// Whether a runtime batcher's connection has answered a `PING`, and a way to wait
+/// for it ([`Batchers::connect_this_runtime`]).
+#[derive(Default)]
+struct Ready {
+    up: AtomicBool,
+    notify: Notify,
+}
+
+impl Ready {
+    fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn set_up(&self) {
+        self.up.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Returns once the connection is up.
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_up() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 thread_local! {
@@ -137,18 +169,54 @@ impl Batchers {
             q.borrow()
                 .iter()
                 .find(|b| b.store == self.id && b.runtime == runtime)
-                .and_then(|b| Some((b.queue.upgrade()?, b.ready.load(Ordering::Acquire))))
+                .and_then(|b| Some((b.queue.upgrade()?, b.ready.is_up())))
         });
         if let Some((tx, ready)) = cached.filter(|(tx, _)| !tx.is_closed()) {
             return ready.then_some(tx);
         }
+        let batcher = self.runtime_batcher(&handle, url, tls.as_ref())?;
+        batcher.ready.is_up().then_some(batcher.queue)
+    }
+
+    /// Starts this runtime's batcher and connection if the caller runs on a
+    /// current-thread runtime (and connections are per runtime), and waits until that
+    /// connection has answered a `PING`, so that the runtime's first requests use it
+    /// rather than the shared one. False when the runtime has none (the shared batcher
+    /// serves it). While Redis does not answer this waits (the connection tries again
+    /// every 250 ms): bound it with a timeout.
+    pub async fn connect_this_runtime(&self) -> bool {
+        let Some((url, tls)) = self.per_thread.as_ref() else {
+            return false;
+        };
+        let Ok(handle) = Handle::try_current() else {
+            return false;
+        };
+        if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
+            return false;
+        }
+        let Some(batcher) = self.runtime_batcher(&handle, url, tls.as_ref()) else {
+            return false;
+        };
+        batcher.ready.wait().await;
+        true
+    }
+
+    /// This current-thread runtime's batcher, started if it has none, and remembered in
+    /// this thread's cache.
+    fn runtime_batcher(
+        &self,
+        handle: &Handle,
+        url: &str,
+        tls: Option<&RedisTls>,
+    ) -> Option<RuntimeBatcher> {
+        let runtime = handle.id();
         let mut runtimes = self.runtimes.lock().ok()?;
         // Batchers whose runtime has ended.
         runtimes.retain(|_, b| !b.queue.is_closed());
         let batcher = match runtimes.get(&runtime) {
             Some(b) => b.clone(),
             None => {
-                let b = self.start_runtime_batcher(&handle, url, tls.as_ref())?;
+                let b = self.start_runtime_batcher(handle, url, tls)?;
                 runtimes.insert(runtime, b.clone());
                 b
             }
@@ -166,10 +234,7 @@ impl Batchers {
                 ready: batcher.ready.clone(),
             });
         });
-        batcher
-            .ready
-            .load(Ordering::Acquire)
-            .then_some(batcher.queue)
+        Some(batcher)
     }
 
     /// Starts a batcher on `handle`'s runtime with a connection of its own, which it
@@ -188,7 +253,7 @@ impl Batchers {
             }
         };
         let (queue, rx) = mpsc::channel(QUEUE);
-        let ready = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(Ready::default());
         let (shared, in_flight, up) = (Arc::clone(&self.shared), self.in_flight, ready.clone());
         handle.spawn(async move {
             if warm_up(&mut conn, &up, &rx).await {
@@ -201,14 +266,14 @@ impl Batchers {
 
 /// Connects `conn` (a `PING`), trying again every [`WARM_UP_RETRY`] while Redis does not
 /// answer, then sets `ready`. False if the store went away first (`queue` closed).
-async fn warm_up(conn: &mut Connection, ready: &AtomicBool, queue: &mpsc::Receiver<Job>) -> bool {
+async fn warm_up(conn: &mut Connection, ready: &Ready, queue: &mpsc::Receiver<Job>) -> bool {
     loop {
         if redis::cmd("PING")
             .query_async::<redis::Value>(&mut *conn)
             .await
             .is_ok()
         {
-            ready.store(true, Ordering::Release);
+            ready.set_up();
             return true;
         }
         if queue.is_closed() {

@@ -74,9 +74,11 @@ mod client;
 mod keys;
 mod libraries;
 mod script;
+mod warm;
 
 pub(crate) use client::single as single_connection;
 pub use client::{is_single_url, RedisTls};
+pub use warm::{Loaded, ScriptSet};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -93,6 +95,7 @@ use batcher::Batchers;
 use breaker::Breaker;
 use keys::KeyNames;
 use script::{pack, Encoded, Scripts, CHECK_BYTES, FAILED};
+use warm::Warming;
 
 /// Where the scripts take "now" from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -168,6 +171,9 @@ struct Shared {
     /// Whether calls go through Redis Functions (`FCALL`); cleared for good when Redis
     /// has none or forbids them, and calls then use `EVALSHA`.
     functions: AtomicBool,
+    /// Script loads and the first connection in progress: a request that waits across
+    /// one and misses its deadline does not feed `breaker`.
+    warming: Warming,
 }
 
 #[derive(Clone)]
@@ -308,6 +314,7 @@ impl RedisStoreBuilder {
             breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
             errors: AtomicU64::new(0),
             functions: AtomicBool::new(self.functions),
+            warming: Warming::default(),
         });
         let batchers = match (&shared.conn, single_url) {
             (Connection::Single(_), Some(url)) => Some(Batchers::start(
@@ -318,7 +325,7 @@ impl RedisStoreBuilder {
             )),
             _ => None,
         };
-        tokio::spawn(check_version(shared.conn.clone()));
+        tokio::spawn(check_version(Arc::clone(&shared)));
         Ok(RedisStore {
             shared,
             batchers,
@@ -475,6 +482,58 @@ impl RedisStore {
         libraries::delete_stale(&self.shared, &self.shared.conn).await
     }
 
+    /// The script sets this store may call while `rules` are in force: every non-empty
+    /// subset of the algorithms their limits use (2^k - 1 sets for k algorithms: 1 for
+    /// one, 7 for three, 63 for all six), those of fewest algorithms first.
+    ///
+    /// Why every subset, and not only each limit's algorithm and each descriptor's
+    /// `rate_limits` list: a script call runs the script of the union of the algorithms
+    /// of every check in it, and
+    /// - a request holds the checks of all its descriptors, each matching a rule of its
+    ///   own (one descriptor's `rate_limits` may mix algorithms, several descriptors
+    ///   may match rules of different algorithms);
+    /// - on a single Redis the batcher sends the requests waiting together in one call,
+    ///   whatever their domains (so the call's set is the union of theirs);
+    /// - the blocked-key cache answers some checks of a request itself and sends only
+    ///   the others (a subset of the request's set), and on a cluster a request is one
+    ///   call per hash tag (per descriptor value).
+    ///
+    /// So any union of any subsets can be a call's set: every subset of the algorithms
+    /// in use. Loading fewer (say, each descriptor's set and each domain's union) would
+    /// leave mixed batches to load their script on their first call, under load.
+    pub fn script_sets(rules: &crate::rules::RuleSet) -> Vec<ScriptSet> {
+        warm::script_sets(rules)
+    }
+
+    /// Loads the scripts of `sets` into Redis (after a `PING`, which also makes the
+    /// store's shared connection): function libraries on Redis 7 and later (a library
+    /// Redis has is kept, so a second instance loading the same sets costs Redis
+    /// little), `EVALSHA` scripts where Redis has no functions or its ACL forbids them
+    /// (the store then turns to `EVALSHA`, as its first call would). On a cluster every
+    /// master gets them. Calls find their script loaded from then on (until Redis loses
+    /// it: a restart without persistence, a failover, `FUNCTION FLUSH`; the call then
+    /// loads it again). Requests that miss their deadline while this runs do not feed
+    /// the circuit breaker. Fails, loading nothing more, when Redis does not answer:
+    /// bound it with a timeout and try again later.
+    pub async fn load_scripts(&self, sets: &[ScriptSet]) -> Result<Loaded, Error> {
+        warm::load(&self.shared, &self.shared.conn, sets).await
+    }
+
+    /// Makes the connection of the calling current-thread runtime (each worker of
+    /// `tollgate serve`) and waits until it answers a `PING`, so that the runtime's
+    /// first requests go through it (see [`RedisStoreBuilder::per_thread`]). True once
+    /// it answered; false at once when the runtime has no connection of its own (a
+    /// multi-threaded runtime, `per_thread(false)`, TLS, a cluster): it then uses the
+    /// shared one, which [`load_scripts`](Self::load_scripts) makes. While Redis does
+    /// not answer this waits (the connection tries again every 250 ms, and is used as
+    /// soon as it answers): bound it with a timeout.
+    pub async fn connect_this_runtime(&self) -> bool {
+        match &self.batchers {
+            Some(batchers) => batchers.connect_this_runtime().await,
+            None => false,
+        }
+    }
+
     /// Decides `checks` in Redis. `rejected`: the request is already rejected (by the
     /// blocked-key cache), so its checks are decided and then taken back, lockouts
     /// they start included, as if one more check had been rejected.
@@ -494,6 +553,7 @@ impl RedisStore {
             .map(|c| KeyNames::new(&self.prefix, c.limit.id(), c.key))
             .collect();
         let groups = self.groups(&names);
+        let epoch = self.shared.warming.epoch();
         if !self.shared.breaker.permit() {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Error::CircuitOpen);
@@ -526,8 +586,13 @@ impl RedisStore {
                 }
                 Err(e) => {
                     if matches!(e, Error::Timeout(_)) {
-                        // The call may still be running: count the miss here.
-                        self.shared.breaker.failure();
+                        // The call may still be running: count the miss here, unless
+                        // it waited for a script load or the first connection.
+                        if self.shared.warming.overlapped(epoch) {
+                            tracing::debug!("a request missed its deadline while scripts loaded or Redis was being connected: not counted as a Redis failure");
+                        } else {
+                            self.shared.breaker.failure();
+                        }
                         self.timeouts.fetch_add(1, Ordering::Relaxed);
                     }
                     return Err(e);
@@ -715,12 +780,19 @@ const MIN_REDIS: (u32, u32) = (6, 0);
 
 /// Asks Redis its version once, in the background, and logs an error when it is older
 /// than [`MIN_REDIS`] (the scripts would then fail on every request, each answered by
-/// its failure mode). A Redis not reachable yet is not waited for.
-async fn check_version(mut conn: Connection) {
+/// its failure mode). A Redis not reachable yet is not waited for. This is the store's
+/// first contact with Redis: it makes the lazy connection of a single Redis, and the
+/// requests that miss their deadline meanwhile do not feed the circuit breaker (a
+/// connection in progress is no failure of Redis; once this attempt has failed, they do).
+async fn check_version(shared: Arc<Shared>) {
+    let mut conn = shared.conn.clone();
     let mut cmd = redis::cmd("INFO");
     cmd.arg("server");
+    let connecting = shared.warming.begin();
     let info = cmd.query_async::<String>(&mut conn);
-    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(2), info).await else {
+    let info = tokio::time::timeout(Duration::from_secs(2), info).await;
+    drop(connecting);
+    let Ok(Ok(info)) = info else {
         return;
     };
     if let Some((version, false)) = version_supported(&info) {
@@ -782,18 +854,18 @@ async fn invoke_all(
     let reply = match reply {
         Some(reply) => reply,
         None => {
-            let mut invocation = built.script.prepare_invoke();
-            invocation
-                .arg(shared.slack_ms)
-                .arg(requests.len())
-                .arg(index);
-            for a in distinct {
-                invocation.arg(a);
-            }
+            let mut evalsha = redis::cmd("EVALSHA");
+            evalsha
+                .arg(built.script.get_hash())
+                .arg(requests.iter().map(|r| r.keys.len()).sum::<usize>());
             for k in keys() {
-                invocation.key(k);
+                evalsha.arg(k);
             }
-            invocation.invoke_async::<Vec<u8>>(&mut conn).await
+            evalsha.arg(shared.slack_ms).arg(requests.len()).arg(&index);
+            for a in &distinct {
+                evalsha.arg(a);
+            }
+            call_script(shared, &mut conn, built, &evalsha).await
         }
     };
     let reply = reply.map_err(|e| e.to_string()).and_then(|bytes| {
@@ -839,12 +911,14 @@ async fn call_function(
     if !missing {
         return Some(first);
     }
+    let loading = shared.warming.begin();
     let loaded = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
         .arg(&built.library)
         .query_async::<redis::Value>(conn)
         .await;
+    drop(loading);
     match loaded {
         Ok(_) => Some(fcall.query_async::<Vec<u8>>(conn).await),
         // Redis refused the library itself (no FUNCTION, an ACL, or a library it
@@ -856,6 +930,27 @@ async fn call_function(
         // Anything else (a transport failure, a cluster in flux, Redis still loading
         // its data) fails this call only; the next one tries again.
         Err(e) => Some(Err(e)),
+    }
+}
+
+/// Sends `evalsha`; when Redis does not have the script (`NOSCRIPT`: a restart, a
+/// failover, `SCRIPT FLUSH`), loads it and sends it again. The load is a load in
+/// progress, not a failure (see [`Warming`]).
+async fn call_script(
+    shared: &Shared,
+    conn: &mut Connection,
+    built: &script::Built,
+    evalsha: &redis::Cmd,
+) -> redis::RedisResult<Vec<u8>> {
+    match evalsha.query_async::<Vec<u8>>(&mut *conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let loading = shared.warming.begin();
+            let loaded = built.script.load_async(&mut *conn).await;
+            drop(loading);
+            loaded?;
+            evalsha.query_async::<Vec<u8>>(conn).await
+        }
+        reply => reply,
     }
 }
 
