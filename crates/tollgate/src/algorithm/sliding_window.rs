@@ -8,7 +8,8 @@
 //! key is limited: rejected requests charge nothing, so admissions bunch where the
 //! estimate leaves room, often late in a window, which is exactly where the weighting
 //! discounts them. On its own the estimate lets up to `2 × limit` through in a rolling
-//! window, and about 1.2–1.4 × `limit` under plain Poisson traffic near the limit.
+//! window, and 1.15–1.18 × `limit` under plain Poisson traffic near the limit
+//! (`tools/bench-accuracy.sh`).
 //!
 //! **The bound.** Each window is also cut into [`SUB_WINDOWS`] sub-windows of
 //! `ceil(window / 32)`; the state keeps the count of each of the last 33 and the instant of
