@@ -97,6 +97,29 @@ struct Shard {
     latest: Nanos,
 }
 
+/// What the store needs of every kind of per-key state.
+trait State: Default {
+    fn is_fresh(&self, now: Nanos) -> bool;
+}
+
+impl State for KeyState {
+    fn is_fresh(&self, now: Nanos) -> bool {
+        KeyState::is_fresh(self, now)
+    }
+}
+
+impl State for LogState {
+    fn is_fresh(&self, now: Nanos) -> bool {
+        LogState::is_fresh(self, now)
+    }
+}
+
+impl State for WindowState {
+    fn is_fresh(&self, now: Nanos) -> bool {
+        WindowState::is_fresh(self, now)
+    }
+}
+
 /// Fingerprints are already uniform hashes; the tables use them as they are (also
 /// used by `inflight::memory`).
 pub(crate) type Fingerprint = BuildHasherDefault<IdentityHasher>;
@@ -272,41 +295,45 @@ impl MemoryStore {
 
     fn run(&self, shard: &mut Shard, fp: u64, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         match limit.state_kind() {
-            StateKind::Key => {}
-            StateKind::Log => {
-                return match shard.logs.entry(fp) {
-                    Entry::Occupied(mut e) => limit.check_log(e.get_mut(), now, cost),
-                    Entry::Vacant(e) => {
-                        let mut state = LogState::default();
-                        let d = limit.check_log(&mut state, now, cost);
-                        if !state.is_fresh(now) {
-                            e.insert(state);
-                            self.make_room(shard, now);
-                        }
-                        d
-                    }
-                };
-            }
-            StateKind::Window => {
-                return match shard.windows.entry(fp) {
-                    Entry::Occupied(mut e) => limit.check_window(e.get_mut(), now, cost),
-                    Entry::Vacant(e) => {
-                        let mut state = WindowState::default();
-                        let d = limit.check_window(&mut state, now, cost);
-                        if !state.is_fresh(now) {
-                            e.insert(state);
-                            self.make_room(shard, now);
-                        }
-                        d
-                    }
-                };
-            }
+            StateKind::Key => self.run_on(
+                shard,
+                |s| &mut s.keys,
+                fp,
+                now,
+                |st| limit.check_key(st, now, cost),
+            ),
+            StateKind::Log => self.run_on(
+                shard,
+                |s| &mut s.logs,
+                fp,
+                now,
+                |st| limit.check_log(st, now, cost),
+            ),
+            StateKind::Window => self.run_on(
+                shard,
+                |s| &mut s.windows,
+                fp,
+                now,
+                |st| limit.check_window(st, now, cost),
+            ),
         }
-        match shard.keys.entry(fp) {
-            Entry::Occupied(mut e) => limit.check_key(e.get_mut(), now, cost),
+    }
+
+    /// Runs `check` on `fp`'s state in the map `map` selects; a state that is still
+    /// fresh afterwards (a rejection, a check without cost) is not inserted.
+    fn run_on<S: State>(
+        &self,
+        shard: &mut Shard,
+        map: fn(&mut Shard) -> &mut HashMap<u64, S, Fingerprint>,
+        fp: u64,
+        now: Nanos,
+        check: impl FnOnce(&mut S) -> Decision,
+    ) -> Decision {
+        match map(shard).entry(fp) {
+            Entry::Occupied(mut e) => check(e.get_mut()),
             Entry::Vacant(e) => {
-                let mut state = KeyState::default();
-                let d = limit.check_key(&mut state, now, cost);
+                let mut state = S::default();
+                let d = check(&mut state);
                 if !state.is_fresh(now) {
                     e.insert(state);
                     self.make_room(shard, now);
