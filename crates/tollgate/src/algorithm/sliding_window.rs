@@ -143,7 +143,7 @@ impl SlidingWindow {
         let elapsed = now.saturating_sub(start).min(w);
         let estimate = current + weigh(previous, w - elapsed, w);
         let b = sub_len(w);
-        let bound = bound(state, now, w, b);
+        let (bound, from) = bound(state, now, w, b);
         let reset_after = end.saturating_sub(now);
         if fits(estimate, bound, cost, limit) {
             if cost > 0 {
@@ -165,8 +165,9 @@ impl SlidingWindow {
         }
         // Each arm's first instant (if nothing else is admitted): the bound only falls, as
         // sub-windows leave; the estimate only falls, within a window and across its end.
-        let by_bound = first_bound_fitting(state, now, w, b, bound, cost, limit);
-        let by_margin = first_bound_fitting(state, now, w, b, bound, cost, limit + MARGIN);
+        let span = (now, w, b);
+        let by_bound = first_bound_fitting(state, from, span, bound, cost, limit);
+        let by_margin = first_bound_fitting(state, from, span, bound, cost, limit + MARGIN);
         let by_estimate =
             now.saturating_add(self.estimate_retry(previous, current, elapsed, w, cost));
         let at = by_bound.min(by_estimate.max(by_margin));
@@ -246,23 +247,36 @@ fn last_instant(state: &WindowState, i: usize, b: Nanos) -> Option<Nanos> {
     Some(start.saturating_add(u64::from(state.lasts[i]) * unit(b)))
 }
 
-/// The cost admitted in sub-windows whose last admission is still in `(now - w, now]`.
-fn bound(state: &WindowState, now: Nanos, w: Nanos, b: Nanos) -> u64 {
-    (0..RING)
-        .filter(|&i| state.counts[i] > 0)
-        .filter_map(|i| Some((last_instant(state, i, b)?, state.counts[i])))
-        .filter(|&(last, _)| last.saturating_add(w) > now)
-        .map(|(_, count)| u64::from(count))
-        .sum()
+/// When sub-window `i`'s count leaves the window: a window after its last admission.
+fn leaves(state: &WindowState, i: usize, w: Nanos, b: Nanos) -> Nanos {
+    last_instant(state, i, b).map_or(0, |l| l.saturating_add(w))
+}
+
+/// The bound: every sub-window's count, less those of the oldest sub-windows whose last
+/// admission has left `(now - w, now]`, up to the first that has not (returned too).
+/// (Taken from the oldest: beyond a 137 s window a last admission is rounded up, and can
+/// then lie a few nanoseconds past the start of the next sub-window.)
+fn bound(state: &WindowState, now: Nanos, w: Nanos, b: Nanos) -> (u64, Option<usize>) {
+    let mut bound: u64 = state.counts.iter().map(|&c| u64::from(c)).sum();
+    for i in (0..RING).rev() {
+        if state.counts[i] == 0 {
+            continue;
+        }
+        if leaves(state, i, w, b) > now {
+            return (bound, Some(i));
+        }
+        bound -= u64::from(state.counts[i]);
+    }
+    (bound, None)
 }
 
 /// The first instant at which `bound + cost <= cap`, if nothing else is admitted: the
-/// oldest sub-windows leave first, each when its last admission leaves the window.
+/// oldest sub-windows leave first, from `from` (the oldest still in the window), each
+/// when its last admission and those of every older one have left the window.
 fn first_bound_fitting(
     state: &WindowState,
-    now: Nanos,
-    w: Nanos,
-    b: Nanos,
+    from: Option<usize>,
+    (now, w, b): (Nanos, Nanos, Nanos),
     bound: u64,
     cost: u64,
     cap: u64,
@@ -270,19 +284,15 @@ fn first_bound_fitting(
     let Some(mut excess) = (bound + cost).checked_sub(cap).filter(|&e| e > 0) else {
         return now;
     };
-    for i in (0..RING).rev() {
+    let mut at = now;
+    for i in (0..=from.unwrap_or(0)).rev() {
         if state.counts[i] == 0 {
             continue;
         }
-        let Some(leaves) = last_instant(state, i, b).map(|l| l.saturating_add(w)) else {
-            continue;
-        };
-        if leaves <= now {
-            continue;
-        }
+        at = at.max(leaves(state, i, w, b));
         let count = u64::from(state.counts[i]);
         if count >= excess {
-            return leaves;
+            return at;
         }
         excess -= count;
     }

@@ -1,21 +1,36 @@
 -- Sliding window counter (algorithm/sliding_window.rs): the classic estimate of two
 -- aligned windows, held to the true rolling count by 33 sub-window counts.
--- State, little-endian (WFMT), 320 bytes: as doubles, the instant it expires (s, ns),
--- the aligned window's end (s, ns) and the newest sub-window's start (s, ns); as 4-byte
--- integers, the previous and current counts, the 33 sub-window counts (newest first)
--- and each sub-window's last admission (its offset, rounded up to a unit: the first power
--- of ten of nanoseconds at least sub-window / (2^32 - 1), one nanosecond up to a 137 s
--- window). It starts with the instant it expires, as every state does (undo_all reads
--- the TTL from there).
+-- State, little-endian, 328 bytes: a header of 64 (as doubles, the instant it expires
+-- (s, ns), the aligned window's end (s, ns) and the newest sub-window's start (s, ns); as
+-- 4-byte integers, the previous and current counts, the sum of the sub-window counts and
+-- the oldest slot that may hold one: none past it does),
+-- then 33 slots of 8, newest first: each sub-window's count and its last admission (the
+-- offset from its start, rounded up to a unit: the first power of ten of nanoseconds at
+-- least sub-window / (2^32 - 1), one nanosecond up to a 137 s window). It starts with the
+-- instant it expires, as every state does (undo_all reads the TTL from there).
+-- Only the slots a decision needs are read (struct.unpack at their offset) and only the
+-- newest is written (the rest is carried over as bytes): packing and unpacking the 66
+-- numbers of every slot cost Redis about 200,000 instructions per decision
+-- (tools/bench-lua.sh). The bound (see the Rust) is the sum minus the sub-windows that
+-- have left the window, which are the oldest slots: a decision reads from the oldest
+-- until the first one still in the window. A charge within the same window and
+-- sub-window, which leaves the instant the state expires where it was, rewrites only the
+-- 20 bytes that change (current count, sum, oldest, newest slot) with SETRANGE, as the
+-- fixed window does.
 -- Here a state is a table of instants relative to the check's "now", in its ticks:
--- { exp, fin (the window's end), fin_ok (end >= window), new, prev, cur, counts, lasts }.
+-- { exp, fin (the window's end), fin_ok (end >= window), new, prev, cur, total, oldest,
+--   ring (bytes holding the slots from offset base), base }.
+-- A check's table carries the sub-window's length (b) and the unit of last admissions
+-- (unit), in ticks: sw_limit sets them once per limit.
 local SW_SUB = 32
 local SW_RING = 33
 local SW_MARGIN = 2
 local SW_UNITS = 4294967295
-local WFMT = '<ddddddI4I4' ..
-  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4' ..
-  'I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4I4'
+local SW_HEAD = '<ddddddI4I4I4I4'
+local SW_SLOT = '<I4I4'
+-- The header's length, and a slot's.
+local SW_HEAD_LEN = 64
+local SW_SLOT_LEN = 8
 
 -- The unit of a sub-window's last admission, in ticks: the first power of ten of
 -- nanoseconds at least sub-window / (2^32 - 1), as algorithm/sliding_window.rs has it.
@@ -28,24 +43,27 @@ local function sw_unit(c, b)
   return unit / c.tick
 end
 
--- An admission x ticks into its sub-window, in units (rounded up).
-local function sw_quantum(c, x, b)
-  return cdiv(x, sw_unit(c, b))
+-- Sets the check's sub-window length and unit.
+local function sw_limit(c)
+  c.b = cdiv(c.window, SW_SUB)
+  c.unit = sw_unit(c, c.b)
+  return c
 end
 
--- Where a sub-window's last admission lies after its start, in ticks.
-local function sw_offset(c, q, b)
-  return q * sw_unit(c, b)
+-- Slot i (0: the newest) of a state: its count and last admission (units).
+local function sw_slot(st, i)
+  return UNPACK(SW_SLOT, st.ring, st.base + i * SW_SLOT_LEN + 1)
+end
+
+-- A ring of 33 slots, all empty but the newest.
+local function sw_ring(count, last)
+  return PACK(SW_SLOT, count, last) .. string.rep('\0', (SW_RING - 1) * SW_SLOT_LEN)
 end
 
 -- A stored state (raw bytes; false: none) as a table of relative instants.
 local function sw_read(c, raw)
-  local counts, lasts = {}, {}
-  for i = 1, SW_RING do
-    counts[i], lasts[i] = 0, 0
-  end
-  local st = { exp = 0, fin = 0, fin_ok = false, new = 0, prev = 0, cur = 0,
-    counts = counts, lasts = lasts }
+  local st = { exp = 0, fin = 0, fin_ok = false, new = 0, prev = 0, cur = 0, total = 0,
+    oldest = 0, ring = nil, base = 0 }
   if not raw then return st end
   if #raw == 32 then
     -- A state written before the sub-windows came: {end + window: s, ns; previous;
@@ -56,51 +74,70 @@ local function sw_read(c, raw)
     local s, n, prev, cur = UNPACK('<dddd', raw)
     st.exp = since(c, s, ticks_of(c, n))
     if st.exp <= 0 then return st end
-    local w = c.window
-    local b = cdiv(w, SW_SUB)
+    local w, b, unit = c.window, c.b, c.unit
     local at = nowmod(c, b)
     st.fin = st.exp - w
     st.fin_ok = s * c.tps + ticks_of(c, n) >= 2 * w
-    st.prev, st.cur, st.new = prev, cur, -at
-    counts[1], lasts[1] = cur, sw_quantum(c, at, b)
+    st.prev, st.cur, st.new, st.total = prev, cur, -at, cur
+    local counts, lasts = { cur }, { cdiv(at, unit) }
+    for i = 2, SW_RING do
+      counts[i], lasts[i] = 0, 0
+    end
     local p = st.fin - w - 1
     if prev > 0 and p + w > 0 then
       local _, r = divmod(at + p, b)
       local d = (-at - (p - r)) / b
-      local q = sw_quantum(c, r, b)
+      local q = cdiv(r, unit)
       -- An old state from a clock now behind it: held in the newest sub-window.
-      if d < 0 then d, q = 0, sw_quantum(c, b - 1, b) end
+      if d < 0 then d, q = 0, cdiv(b - 1, unit) end
       if d <= SW_SUB then
         counts[d + 1] = counts[d + 1] + prev
         if q > lasts[d + 1] then lasts[d + 1] = q end
+        st.total, st.oldest = cur + prev, d
       end
     end
+    local slots = {}
+    for i = 1, SW_RING do slots[i] = PACK(SW_SLOT, counts[i], lasts[i]) end
+    st.ring = table.concat(slots)
     return st
   end
-  local v = { UNPACK(WFMT, raw) }
-  st.exp = since(c, v[1], ticks_of(c, v[2]))
-  st.fin = since(c, v[3], ticks_of(c, v[4]))
-  st.fin_ok = v[3] * c.tps + ticks_of(c, v[4]) >= c.window
-  st.new = since(c, v[5], ticks_of(c, v[6]))
-  st.prev, st.cur = v[7], v[8]
-  for i = 1, SW_RING do
-    counts[i], lasts[i] = v[8 + i], v[8 + SW_RING + i]
-  end
+  local es, en, fs, fn, ns, nn, prev, cur, total, oldest = UNPACK(SW_HEAD, raw)
+  -- since(c, s, ticks_of(c, n)), written out: a Lua call costs Redis about 440
+  -- instructions.
+  local tick, tps, cs, cn = c.tick, c.tps, c.ns, c.nn
+  local x = en / tick
+  st.exp = (es - cs) * tps + ((x - x % 1) - cn)
+  x = fn / tick
+  x = x - x % 1
+  st.fin = (fs - cs) * tps + (x - cn)
+  st.fin_ok = fs * tps + x >= c.window
+  x = nn / tick
+  st.new = (ns - cs) * tps + ((x - x % 1) - cn)
+  st.prev, st.cur, st.total, st.oldest = prev, cur, total, oldest
+  st.ring, st.base = raw, SW_HEAD_LEN
   return st
 end
 
 -- The bytes of a state (relative instants) and its TTL in milliseconds.
 local function sw_bytes(c, st)
-  local es, en = later(c, st.exp)
-  local fs, fn = later(c, st.fin)
-  local ns, nn = later(c, st.new)
-  local a = { es, ns_of(c, en), fs, ns_of(c, fn), ns, ns_of(c, nn), st.prev, st.cur }
-  for i = 1, SW_RING do a[8 + i] = st.counts[i] end
-  for i = 1, SW_RING do a[8 + SW_RING + i] = st.lasts[i] end
+  local tick, tps, cs, cn = c.tick, c.tps, c.ns, c.nn
+  -- later(c, dt), written out (see sw_read).
+  local es, en = divmod(cn + st.exp, tps)
+  local fs, fn = divmod(cn + st.fin, tps)
+  local ns, nn = divmod(cn + st.new, tps)
+  local head = PACK(SW_HEAD, cs + es, en * tick, cs + fs, fn * tick, cs + ns, nn * tick,
+    st.prev, st.cur, st.total, st.oldest)
   local ms = SLACK_MS
   if st.exp > 0 then ms = ms + to_ms(c, st.exp) end
   if ms < 1 then ms = 1 end
-  return PACK(WFMT, unpack(a)), ms
+  local ring
+  if st.src then
+    ring = PACK(SW_SLOT, st.count, st.last) ..
+      string.sub(st.src, st.srcbase + SW_SLOT_LEN + 1, st.srcbase + SW_RING * SW_SLOT_LEN)
+  else
+    ring = sw_ring(st.count, st.last)
+  end
+  return head .. ring, ms
 end
 
 local function sw_put(c, st)
@@ -122,18 +159,21 @@ local function sw_room(estimate, bound, limit)
 end
 
 -- When bound + cost <= cap first holds if nothing else is admitted (relative ticks):
--- the oldest sub-windows leave first, each when its last admission leaves.
-local function sw_first(st, last, w, bound, cost, cap)
+-- the oldest sub-windows still in the window leave first, from `from` (the oldest slot
+-- still in it), each when its last admission and those of every older one have left.
+local function sw_first(st, from, w, b, unit, bound, cost, cap)
+  -- (w, b, unit: the check's window, sub-window and unit.)
   local excess = bound + cost - cap
   if excess <= 0 then return 0 end
-  for i = SW_RING, 1, -1 do
-    local n = st.counts[i]
+  local at = 0
+  if from < 0 then from = 0 end
+  for i = from, 0, -1 do
+    local n, q = sw_slot(st, i)
     if n > 0 then
-      local leaves = last[i] + w
-      if leaves > 0 then
-        if n >= excess then return leaves end
-        excess = excess - n
-      end
+      local leaves = st.new - i * b + q * unit + w
+      if leaves > at then at = leaves end
+      if n >= excess then return at end
+      excess = excess - n
     end
   end
   return TWO53
@@ -141,43 +181,55 @@ end
 
 -- The state after charging `cost` now: the window counts, then the sub-window of now
 -- (the ring moved forward first; a clock that stepped back charges the newest one).
-local function sw_charge(c, st, e, prev, cur, cost, b)
-  local w = c.window
-  local counts, lasts = {}, {}
-  local empty = true
-  for i = 1, SW_RING do
-    counts[i], lasts[i] = st.counts[i], st.lasts[i]
-    if counts[i] > 0 then empty = false end
-  end
-  local new = st.new
-  if empty or -new >= b then
-    local steps = SW_RING
-    if not empty then steps = fdiv(-new, b) end
+-- The state after charging `cost` now: the window counts, then the sub-window of now
+-- (the ring moved forward first; a clock that stepped back charges the newest one).
+-- `inplace` is set when only the current count, the sum and the newest slot changed
+-- (the same window, the same sub-window, the same expiry): then `patch` holds them.
+local function sw_charge(c, st, e, prev, cur, cost)
+  local w, b, unit = c.window, c.b, c.unit
+  local new, total, oldest = st.new, st.total, st.oldest
+  -- The slots after the move, as bytes from offset `base` of `ring` (nil: all empty),
+  -- or still those of the state read (`moved` false).
+  local ring, base, moved = st.ring, st.base, false
+  if not ring or total == 0 then
+    ring, total, new, moved = nil, 0, -nowmod(c, b), true
+  elseif -new >= b then
+    local steps = fdiv(-new, b)
+    moved = true
     if steps >= SW_RING then
-      for i = 1, SW_RING do
-        counts[i], lasts[i] = 0, 0
-      end
-      new = -nowmod(c, b)
+      ring, total, new = nil, 0, -nowmod(c, b)
     else
-      for i = SW_RING, steps + 1, -1 do
-        counts[i], lasts[i] = counts[i - steps], lasts[i - steps]
+      -- The `steps` oldest slots leave the ring (they have left the window).
+      for i = SW_RING - steps, oldest do
+        total = total - sw_slot(st, i)
       end
-      for i = 1, steps do
-        counts[i], lasts[i] = 0, 0
-      end
+      oldest = oldest + steps
+      if oldest > SW_SUB then oldest = SW_SUB end
+      ring = string.rep('\0', steps * SW_SLOT_LEN) ..
+        string.sub(st.ring, base + 1, base + (SW_RING - steps) * SW_SLOT_LEN)
+      base = 0
       new = new + steps * b
     end
   end
-  counts[1] = counts[1] + cost
+  local count, last = 0, 0
+  if ring then count, last = UNPACK(SW_SLOT, ring, base + 1) end
   if new <= 0 then
-    local q = sw_quantum(c, -new, b)
-    if q > lasts[1] then lasts[1] = q end
+    local q = cdiv(-new, unit)
+    if q > last then last = q end
   end
+  count, total = count + cost, total + cost
   local exp = e + w
-  local leaves = new + sw_offset(c, lasts[1], b) + w
+  local leaves = new + last * unit + w
   if leaves > exp then exp = leaves end
-  return { exp = exp, fin = e, new = new, prev = prev, cur = cur + cost,
-    counts = counts, lasts = lasts }
+  if not ring then oldest = 0 end
+  -- The slots are made into bytes only when written whole (sw_bytes): `src`, from
+  -- offset `srcbase`, holds them but for the newest, `count` and `last`.
+  local nst = { exp = exp, fin = e, new = new, prev = prev, cur = cur + cost, total = total,
+    oldest = oldest, count = count, last = last, src = ring, srcbase = base, patch = false }
+  if not moved and st.exp > 0 and exp == st.exp and e == st.fin and prev == st.prev then
+    nst.patch = PACK('<I4I4I4I4I4', cur + cost, total, oldest, count, last)
+  end
+  return nst
 end
 
 -- The first elapsed time (ticks into the window) at which
@@ -206,21 +258,28 @@ ALG[2] = function(c, st, cost)
   if elapsed < 0 then elapsed = 0 end
   if elapsed > w then elapsed = w end
   local estimate = cur + muldiv(prev, w - elapsed, w)
-  -- The bound: what sub-windows whose last admission is still in the window hold.
-  local b = cdiv(w, SW_SUB)
-  local bound, last = 0, {}
-  for i = 1, SW_RING do
-    local n = st.counts[i]
-    if n > 0 then
-      last[i] = st.new - (i - 1) * b + sw_offset(c, st.lasts[i], b)
-      if last[i] + w > 0 then bound = bound + n end
+  -- The bound: the sum of the sub-windows, less those (the oldest) whose last admission
+  -- has left the window.
+  local b, unit = c.b, c.unit
+  local bound, from = st.total, -1
+  if bound > 0 then
+    local ring, base, new = st.ring, st.base, st.new
+    for i = st.oldest, 0, -1 do
+      local n, q = UNPACK(SW_SLOT, ring, base + i * SW_SLOT_LEN + 1)
+      if n > 0 then
+        if new - i * b + q * unit + w > 0 then
+          from = i
+          break
+        end
+        bound = bound - n
+      end
     end
   end
   local reset = e
   if reset < 0 then reset = 0 end
   if bound + cost <= limit or (estimate + cost <= limit and bound + cost <= limit + SW_MARGIN) then
     local nst = nil
-    if cost > 0 then nst = sw_charge(c, st, e, prev, cur, cost, b) end
+    if cost > 0 then nst = sw_charge(c, st, e, prev, cur, cost) end
     return { 1, sw_room(estimate + cost, bound + cost, limit), reset, 0, 0 }, nst
   end
   local remaining = sw_room(estimate, bound, limit)
@@ -232,27 +291,34 @@ ALG[2] = function(c, st, cost)
   else
     by_estimate = (w - elapsed) + first_fitting(cur, limit - cost, w)
   end
-  local at = sw_first(st, last, w, bound, cost, limit + SW_MARGIN)
+  local at = sw_first(st, from, w, b, unit, bound, cost, limit + SW_MARGIN)
   if by_estimate > at then at = by_estimate end
-  local by_bound = sw_first(st, last, w, bound, cost, limit)
+  local by_bound = sw_first(st, from, w, b, unit, bound, cost, limit)
   if by_bound < at then at = by_bound end
   return { 0, remaining, reset, at, 0 }
 end
-READ[2], WRITE[2] = sw_read, sw_put
+READ[2] = function(c, raw) return sw_read(sw_limit(c), raw) end
+WRITE[2] = sw_put
 
 -- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
 -- the fields it reads, and the state read and written here.
 ALONE[2] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
+  local c = sw_limit({ tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps })
   return function(key, raw)
     if raw == nil then raw = CALL('GET', key) end
-    local c = { tick = tick, limit = limit, window = w, ns = ns, nn = nn, tps = tps }
     local d, new = ALG[2](c, sw_read(c, raw), cost)
     if new then
-      local state, ms = sw_bytes(c, new)
-      if raw then
-        CALL('SET', key, state, 'PX', px(ms))
+      if new.patch and #raw > 32 then
+        -- Current count, sum, oldest slot and newest slot are contiguous, at byte 52;
+        -- the key keeps its TTL, as the expiry did not move.
+        CALL('SETRANGE', key, '52', new.patch)
       else
-        lone_create(key, state, px(ms))
+        local state, ms = sw_bytes(c, new)
+        if raw then
+          CALL('SET', key, state, 'PX', px(ms))
+        else
+          lone_create(key, state, px(ms))
+        end
       end
     end
     return d[1], d[2], d[3], d[4], d[5]
