@@ -153,7 +153,7 @@ fn run(limit: &Limit, pattern: Pattern, load: f64, keys: u64, minutes: u64) -> T
             while recent.front().is_some_and(|&t| t + WINDOW <= now) {
                 recent.pop_front();
             }
-            let exact = recent.len() as u64 + 1 <= cap;
+            let exact = (recent.len() as u64) < cap;
             let decision = store.check_one(now, &Check::new(limit, &name, 1));
             tally.requests += 1;
             match (decision.allowed, exact) {
