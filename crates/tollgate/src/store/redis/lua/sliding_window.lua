@@ -240,6 +240,36 @@ ALG[2] = function(c, st, cost)
 end
 READ[2], WRITE[2] = sw_read, sw_put
 
+-- Takes back a charge (see REFUND in prelude.lua; both states as sw_read reads them,
+-- relative to now): the cost comes off the aligned window's count it went into (the
+-- current one, or the previous one once the aligned window has moved on) and off the
+-- sub-window it went into (the newest one when it was charged, wherever the ring has
+-- moved it since). The sub-window's last admission cannot be restored and stays, which
+-- can only hold its other admissions longer.
+REFUND[2] = function(c, st, charged, cost)
+  if st.exp <= 0 then return nil end
+  local w = c.window
+  local taken = false
+  local function less(n)
+    local d = cost
+    if d > n then d = n end
+    if d > 0 then taken = true end
+    return n - d
+  end
+  if st.fin == charged.fin then
+    st.cur = less(st.cur)
+  elseif st.fin == charged.fin + w then
+    st.prev = less(st.prev)
+  end
+  local b = cdiv(w, SW_SUB)
+  local steps, off = divmod(st.new - charged.new, b)
+  if off == 0 and steps >= 0 and steps < SW_RING then
+    st.counts[steps + 1] = less(st.counts[steps + 1])
+  end
+  if taken then return st end
+  return nil
+end
+
 -- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
 -- the fields it reads, and the state read and written here.
 ALONE[2] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
