@@ -1286,6 +1286,23 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_is_the_answers_or_the_answers_and_a_receipt() {
+        use redis::Value;
+        let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+        assert_eq!(reply_parts(bulk(b"ab")), Some((b"ab".to_vec(), None)));
+        assert_eq!(
+            reply_parts(Value::Array(vec![bulk(b"ab"), bulk(b"")])),
+            Some((b"ab".to_vec(), Some(Vec::new())))
+        );
+        assert_eq!(reply_parts(Value::Array(vec![bulk(b"ab")])), None);
+        assert_eq!(
+            reply_parts(Value::Array(vec![bulk(b"a"), Value::Int(1)])),
+            None
+        );
+        assert_eq!(reply_parts(Value::Int(1)), None);
+    }
+
+    #[test]
     fn urls_name_a_single_redis_or_a_cluster() {
         assert!(matches!(
             parse_url("redis://127.0.0.1:6379"),
