@@ -149,6 +149,9 @@ fn trace(limits: usize) -> impl Strategy<Value = Vec<Req>> {
     )
 }
 
+/// The two keys of the differential traces (one needs escaping).
+const KEYS: [&str; 2] = ["alice", "b{o}b:_ é"];
+
 /// Runs the same trace on both stores and requires identical decisions.
 fn differential(
     rt: &tokio::runtime::Runtime,
@@ -157,10 +160,21 @@ fn differential(
     limits: &[Limit],
     reqs: &[Req],
 ) -> Result<(), TestCaseError> {
+    differential_on(rt, url, functions, KEYS, limits, reqs)
+}
+
+/// [`differential`] with the trace's two keys.
+fn differential_on(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    functions: bool,
+    keys: [&str; 2],
+    limits: &[Limit],
+    reqs: &[Req],
+) -> Result<(), TestCaseError> {
     // The same times in both: no monotonic clamp (the trace steps the clock back).
     let memory = MemoryStore::builder().monotonic(false).build();
     let redis = caller_time_store_with(rt, url, functions);
-    let keys = ["alice", "b{o}b:_ é"];
     let mut now = T0;
     for (step, r) in reqs.iter().enumerate() {
         now = if r.advance == TO_NEXT_HOUR {
@@ -199,6 +213,11 @@ fn differential(
 /// with burst x window / gcd(limit, window) below 2^51; coarser ticks are another
 /// test's) through [`differential`] on `server`, calling the scripts as functions or not.
 fn differential_traces(server: &RedisServer, functions: bool, cases: u32) {
+    differential_traces_on(&server.url(), functions, KEYS, cases);
+}
+
+/// [`differential_traces`] on the Redis (or Redis Cluster) at `url`, with these keys.
+fn differential_traces_on(url: &str, functions: bool, keys: [&str; 2], cases: u32) {
     let rt = runtime();
     let mut runner = TestRunner::new(Config {
         cases,
@@ -211,7 +230,7 @@ fn differential_traces(server: &RedisServer, functions: bool, cases: u32) {
     });
     runner
         .run(&strategy, |(limits, reqs)| {
-            differential(&rt, &server.url(), functions, &limits, &reqs)
+            differential_on(&rt, url, functions, keys, &limits, &reqs)
         })
         .unwrap();
 }
@@ -928,6 +947,219 @@ fn a_hammered_blocked_key_costs_redis_almost_nothing() {
         "{calls} Redis calls for {rejected} rejections"
     );
     assert!(store.stats().cache_hits >= 9_900);
+}
+
+/// Which of the cluster's masters holds `key`'s slot (a check on `key` names the hash
+/// tag `escaped`): the one that answers for it instead of redirecting.
+fn master_of(cluster: &RedisCluster, escaped: &str) -> usize {
+    let owners: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| {
+            let reply = command(cluster.nodes[i].port, &format!("EXISTS {{{escaped}}}")).unwrap();
+            reply.starts_with(':')
+        })
+        .collect();
+    assert_eq!(owners.len(), 1, "one master owns {escaped}");
+    owners[0]
+}
+
+/// The differential traces on a 3-master cluster, their two keys on two masters: a
+/// request whose checks span both is one script call per master, and where one call
+/// rejects, the other's charges are taken back (a second call). The same decisions as
+/// the in-memory store, as on a single Redis.
+#[test]
+fn on_a_cluster_a_request_spanning_slots_decides_exactly_what_the_in_memory_store_decides() {
+    let cluster = RedisCluster::start();
+    let keys = ["alice", "d{o}b:_ é"];
+    assert_ne!(
+        master_of(&cluster, "alice"),
+        master_of(&cluster, "d%7Bo%7Db%3A_%20%C3%A9"),
+        "the keys are on different masters"
+    );
+    differential_traces_on(&cluster.url(), true, keys, 240);
+}
+
+/// A store on `url` taking the caller's time, with a deadline long enough to wait out
+/// a paused master.
+fn patient_store(rt: &tokio::runtime::Runtime, url: &str) -> RedisStore {
+    let prefix = format!("t{}", PREFIX.fetch_add(1, Ordering::Relaxed));
+    rt.block_on(
+        RedisStore::builder(url)
+            .prefix(prefix)
+            .time_source(TimeSource::Caller)
+            .ttl_slack(Duration::from_secs(3_600))
+            .blocked_cache(0)
+            .deadline(Duration::from_secs(10))
+            .connect(),
+    )
+    .unwrap()
+}
+
+/// What `key` has left under `limit` at `now` (a check of cost 0).
+fn left(
+    rt: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    limit: &Limit,
+    key: &str,
+    now: u64,
+) -> u64 {
+    rt.block_on(store.check(now, &[Check::new(limit, key, 0)]))
+        .unwrap()[0]
+        .remaining
+}
+
+/// One limit of each algorithm, `n` per hour (the buckets' burst `n` too).
+fn every_algorithm(n: u64) -> Vec<Limit> {
+    let h = Duration::from_secs(3_600);
+    [
+        Algorithm::FixedWindow(FixedWindow::new(n, h)),
+        Algorithm::SlidingWindow(SlidingWindow::new(n, h)),
+        Algorithm::SlidingLog(SlidingLog::new(n, h)),
+        Algorithm::TokenBucket(TokenBucket::new(n, h)),
+        Algorithm::Gcra(Gcra::new(n, h)),
+        Algorithm::LeakyBucket(LeakyBucket::new(n, h, LeakyMode::Meter)),
+        Algorithm::LeakyBucket(LeakyBucket::new(n, h, LeakyMode::Queue)),
+    ]
+    .into_iter()
+    .map(|a| Limit::new(a).unwrap())
+    .collect()
+}
+
+/// Two descriptors whose keys are on two masters, the second rejecting: on a cluster as
+/// on a single Redis, the first key is not charged, reports all it has left, and later
+/// requests pass.
+#[test]
+fn a_request_rejected_in_one_slot_leaves_the_other_slot_uncharged() {
+    let cluster = RedisCluster::start();
+    let single = RedisServer::start();
+    assert_ne!(master_of(&cluster, "alice"), master_of(&cluster, "x"));
+    let rt = runtime();
+    for (l, one) in every_algorithm(3).into_iter().zip(every_algorithm(1)) {
+        let mut answers = Vec::new();
+        for url in [single.url(), cluster.url()] {
+            let store = caller_time_store(&rt, &url);
+            let both = [Check::new(&l, "alice", 1), Check::new(&one, "x", 1)];
+            let mut seen = Vec::new();
+            // The first passes in both slots; then "x" has nothing left.
+            let d = rt.block_on(store.check(T0, &both)).unwrap();
+            assert!(d[0].allowed && d[1].allowed, "{l:?} on {url}: {d:?}");
+            assert_eq!(d[0].remaining, 2);
+            for step in 1..=4u64 {
+                let d = rt.block_on(store.check(T0 + step, &both)).unwrap();
+                assert!(!d[1].allowed, "{l:?} on {url}");
+                assert!(d[0].allowed, "{l:?} on {url}");
+                assert_eq!(d[0].remaining, 2, "{l:?} on {url}: uncharged, step {step}");
+                seen.push(d);
+            }
+            assert_eq!(left(&rt, &store, &l, "alice", T0 + 5), 2, "{l:?} on {url}");
+            let d = rt
+                .block_on(store.check(T0 + 6, &[Check::new(&l, "alice", 2)]))
+                .unwrap();
+            assert!(d[0].allowed, "{l:?} on {url}: the rest passes");
+            assert_eq!(d[0].remaining, 0);
+            seen.push(d);
+            answers.push(seen);
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "{l:?}: the cluster answers as one Redis"
+        );
+    }
+}
+
+/// A refund that finds its key changed by another request since its charge takes back
+/// its own charge only: request R charges "alice" on one master while the other master
+/// (paused) holds back the answer that rejects it; meanwhile S charges "alice" too.
+/// After R's refund "alice" holds exactly what the earlier request and S charged: not
+/// R's charge (no refund), and not less (a snapshot put back would lose S's).
+#[test]
+fn a_refund_after_another_requests_charge_takes_back_only_its_own() {
+    let cluster = RedisCluster::start();
+    let rt = two_threads();
+    let store = patient_store(&rt, &cluster.url());
+    let paused = &cluster.nodes[master_of(&cluster, "x")];
+    assert_ne!(master_of(&cluster, "alice"), master_of(&cluster, "x"));
+    for (l, one) in every_algorithm(10).into_iter().zip(every_algorithm(1)) {
+        // An earlier charge of 2, so that the state R finds is not fresh.
+        let d = rt
+            .block_on(store.check(T0, &[Check::new(&l, "alice", 2)]))
+            .unwrap();
+        assert!(d[0].allowed);
+        command(paused.port, "CLIENT PAUSE 1500 WRITE").unwrap();
+        let (r, s) = std::thread::scope(|scope| {
+            let r = scope.spawn(|| {
+                // A cost above the limit: rejected, nothing charged there.
+                let both = [Check::new(&l, "alice", 3), Check::new(&one, "x", 2)];
+                rt.block_on(store.check(T0 + 1, &both)).unwrap()
+            });
+            std::thread::sleep(Duration::from_millis(400));
+            let s = rt
+                .block_on(store.check(T0 + 2, &[Check::new(&l, "alice", 1)]))
+                .unwrap();
+            (r.join().unwrap(), s)
+        });
+        assert!(s[0].allowed, "{l:?}");
+        assert_eq!(s[0].remaining, 4, "{l:?}: S found R's charge");
+        assert!(!r[1].allowed && r[0].allowed, "{l:?}: {r:?}");
+        assert_eq!(
+            r[0].remaining, 7,
+            "{l:?}: R reports alice without its charge"
+        );
+        assert_eq!(
+            left(&rt, &store, &l, "alice", T0 + 2),
+            7,
+            "{l:?}: the charges of the earlier request and S stay, R's is gone"
+        );
+    }
+}
+
+/// Many concurrent requests on two keys on two masters, most spanning both: some
+/// rejected in one slot, some in the other, their refunds interleaved with other
+/// requests' charges. At the end each key holds exactly what the admitted requests
+/// charged, as on a single Redis: no charge kept, none given back twice.
+#[test]
+fn concurrent_requests_spanning_slots_keep_exactly_the_admitted_charges() {
+    let cluster = RedisCluster::start();
+    let rt = two_threads();
+    let store = patient_store(&rt, &cluster.url());
+    assert_ne!(master_of(&cluster, "alice"), master_of(&cluster, "x"));
+    for (a, b) in every_algorithm(70).into_iter().zip(every_algorithm(45)) {
+        let admitted = std::sync::Mutex::new((0u64, 0u64));
+        std::thread::scope(|scope| {
+            for t in 0..8u64 {
+                let (a, b, store, admitted) = (&a, &b, &store, &admitted);
+                let rt = &rt;
+                scope.spawn(move || {
+                    for i in 0..30u64 {
+                        let both = [Check::new(a, "alice", 1 + i % 2), Check::new(b, "x", 1)];
+                        let request: &[Check<'_>] = match (t + i) % 4 {
+                            0 => &both[..1],
+                            1 => &both[1..],
+                            _ => &both,
+                        };
+                        let d = rt.block_on(store.check(T0, request)).unwrap();
+                        if d.iter().all(|d| d.allowed) {
+                            let mut n = admitted.lock().unwrap();
+                            for c in request {
+                                if c.key == b"alice" {
+                                    n.0 += c.cost;
+                                } else {
+                                    n.1 += c.cost;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let (on_a, on_b) = *admitted.lock().unwrap();
+        assert!(on_a <= 70 && on_b <= 45, "{a:?}: {on_a}, {on_b}");
+        assert!(
+            on_a >= 60 && on_b >= 40,
+            "{a:?}: both keys filled: {on_a}, {on_b}"
+        );
+        assert_eq!(left(&rt, &store, &a, "alice", T0), 70 - on_a, "{a:?}");
+        assert_eq!(left(&rt, &store, &b, "x", T0), 45 - on_b, "{b:?}");
+    }
 }
 
 #[test]

@@ -46,9 +46,61 @@
 //! ## Redis Cluster
 //! The hash tag is the descriptor's escaped runtime key, so one descriptor's limits
 //! share a slot and are decided in one script call (not batched with other requests).
-//! A request spanning several slots is sent as one call per slot (concurrently): each call is all-or-nothing, but a
-//! request rejected in one slot keeps what it was charged in another (stricter, never
-//! looser).
+//! A request spanning several slots is sent as one call per slot, concurrently. Each
+//! call decides its checks all or nothing and answers, besides the decisions, a
+//! *receipt* of what it changed: per key, its value before and after the call (for a
+//! sliding log, its meta, last entry and length, and the entries it trimmed). When a
+//! check not in shadow mode is rejected in one slot (that call has already taken back
+//! its own charges), every other slot that changed something gets a second call, the
+//! refund, with its receipt (`lua/driver.lua`, `refund_request`):
+//! - a key still holding exactly the value the charge left is put back as the charge
+//!   found it: the single-Redis undo, exact;
+//! - a key that other requests have changed since loses this request's charge only,
+//!   by its algorithm's `REFUND` (in its Lua file): never more than the request took,
+//!   and never below what the key would hold without it. The fixed window counts
+//!   down, if the stored window is still the one charged. The sliding window takes the
+//!   cost off the aligned window's count it went into (the current one, or the
+//!   previous one once the aligned window has moved on) and off the sub-window it went
+//!   into; that sub-window's last admission stays where the charge moved it. The
+//!   sliding log takes the cost off the entry at the charge's instant (removing it if
+//!   nothing else is left in it) and off the meta's total; entries the request trimmed
+//!   stay trimmed, and the meta's end (the reported `reset_after`) stays. The token
+//!   bucket, GCRA and the leaky bucket move their exact instant back by
+//!   `cost x window / limit`, but by no more than the charge still holds at the
+//!   refund's "now" (its instant minus now): others' charges since, each made at or
+//!   before that "now", only add on top of it. (Under [`TimeSource::Caller`] the
+//!   refund's "now" is the request's.)
+//!
+//! Lockouts started by the rejected request stay, as everywhere. The refund then decides
+//! the checks its slot had admitted again with cost 0 and answers them, so they report
+//! their uncharged `remaining`, as on a single Redis.
+//!
+//! So a request spanning slots is answered as a single Redis answers it and leaves the
+//! same state, except:
+//! - between a slot's two calls (a round trip), its charge is visible: a concurrent
+//!   request on the same key sees less room, and may be rejected where a single Redis
+//!   would have admitted it (stricter, never looser);
+//! - after a refund of a key others changed in between, the sliding window's
+//!   sub-window keeps its later last admission (holding that sub-window's other
+//!   admissions longer), a bucket gives back only the part of the charge still ahead
+//!   of the refund's "now", and a sliding log keeps its trimming and its meta's end:
+//!   each stricter or the same;
+//! - under Redis `TIME`, the refunded checks' answers are decided at the refund's time
+//!   on that master, a round trip after the first;
+//! - a refund that fails or answers after the request's deadline leaves the charge in
+//!   place (stricter) and its checks answered as charged; it is sent as a task of its
+//!   own, so it still takes effect when it arrives late. A request one of whose calls
+//!   fails is answered by its rules' failure modes, and what the other calls charged
+//!   stays.
+//!
+//! The differential tests run their random traces on a 3-master cluster too, with the
+//! two keys on two masters, and require the in-memory store's decisions.
+//!
+//! The cost falls on requests spanning slots only: their calls read each key they
+//! change before and after, for the receipt (a lone check still takes its fast path;
+//! several checks in a slot record their undo log, as they do on a single Redis), and
+//! answer it; the extra call per slot comes only when another slot rejects. Requests within one slot,
+//! and every request on a single Redis, are decided exactly as before.
 //!
 //! ## Failures
 //! Every call has a deadline (20 ms by default); a timeout, an error or an open circuit
@@ -189,7 +241,26 @@ struct Request {
     args: Vec<u8>,
     keys: Vec<String>,
     checks: usize,
+    /// The receipt a refund call takes back (the `ARGV` after the request's; a refund
+    /// is alone in its call).
+    receipt: Option<Vec<u8>>,
 }
+
+/// What a script call answers: five integers per check and, for a call that asked for
+/// one (a Redis Cluster's, [`RECEIPT`]), the receipt of what it charged.
+struct Reply {
+    answers: Vec<i64>,
+    receipt: Option<Vec<u8>>,
+}
+
+/// Time mode flags of a request's packed argument (`lua/call.lua`): already rejected
+/// (by the blocked-key cache), so decided and taken back.
+const FORCED: u64 = 2;
+/// Answer the receipt of what the request charged (Redis Cluster, a request spanning
+/// slots).
+const RECEIPT: u64 = 4;
+/// Take back what the request charged, from the receipt its call answered.
+const REFUND: u64 = 8;
 
 /// Script calls in flight at once on a single Redis connection, by default: one (the
 /// requests arriving meanwhile form the next batch), which measured best on loopback.
@@ -544,6 +615,7 @@ impl RedisStore {
         rejected: bool,
         deadline: Duration,
     ) -> Result<Vec<Decision>, Error> {
+        let started = tokio::time::Instant::now();
         let mut encoded = Vec::with_capacity(checks.len());
         for c in checks {
             encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
@@ -558,57 +630,150 @@ impl RedisStore {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Error::CircuitOpen);
         }
+        let call = Call {
+            time: self.time,
+            now,
+            checks,
+            encoded: &encoded,
+            names: &names,
+        };
         let replies = if let [group] = groups.as_slice() {
-            vec![
-                self.send(
-                    request(self.time, now, checks, &encoded, &names, group, rejected),
-                    deadline,
-                )
-                .await,
-            ]
+            let flags = if rejected { FORCED } else { 0 };
+            vec![self
+                .send(call.request(group, flags), deadline)
+                .await
+                .map(|answers| Reply {
+                    answers,
+                    receipt: None,
+                })]
         } else {
-            let calls = groups.iter().map(|group| {
-                let request = request(self.time, now, checks, &encoded, &names, group, rejected);
-                self.send(request, deadline)
-            });
+            // A request spanning slots (a cluster): one call per slot, each answering a
+            // receipt of what it charged, in case another slot rejects the request.
+            let flags = if rejected { FORCED } else { RECEIPT };
+            let calls = groups
+                .iter()
+                .map(|group| self.send_alone(call.request(group, flags), deadline));
             futures_util::future::join_all(calls).await
         };
         let mut decisions = vec![Decision::default(); checks.len()];
+        let mut receipts = Vec::with_capacity(groups.len());
         for (group, reply) in groups.iter().zip(replies) {
-            let values = match reply {
-                Ok(v) if v.len() == group.len() * 5 => v,
-                Ok(v) => {
-                    return Err(Error::Backend(format!(
-                        "the script answered {} values for {} checks",
-                        v.len(),
-                        group.len()
-                    )));
-                }
-                Err(e) => {
-                    if matches!(e, Error::Timeout(_)) {
-                        // The call may still be running: count the miss here, unless
-                        // it waited for a script load or the first connection.
-                        if self.shared.warming.overlapped(epoch) {
-                            tracing::debug!("a request missed its deadline while scripts loaded or Redis was being connected: not counted as a Redis failure");
-                        } else {
-                            self.shared.breaker.failure();
-                        }
-                        self.timeouts.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Err(e);
-                }
-            };
-            if values.first() == Some(&FAILED) {
-                return Err(Error::Backend(
-                    "the script failed on this request (see the Redis log; a key of the wrong type?)"
-                        .into(),
-                ));
-            }
-            for (&i, v) in group.iter().zip(values.chunks_exact(5)) {
+            let Reply { answers, receipt } = self.answers(group, reply, epoch)?;
+            for (&i, v) in group.iter().zip(answers.chunks_exact(5)) {
                 decisions[i] = encoded[i].decode(checks[i].limit.limit(), v);
             }
+            receipts.push(receipt);
+        }
+        let refused = |i: usize| !decisions[i].allowed && !checks[i].shadow;
+        if groups.len() > 1 && !rejected && (0..checks.len()).any(refused) {
+            let left = deadline.saturating_sub(started.elapsed());
+            self.refund(&call, &groups, receipts, &mut decisions, left)
+                .await;
         }
         Ok(decisions)
+    }
+
+    /// One group's reply, checked: five answers per check, the script not failed.
+    fn answers(
+        &self,
+        group: &[usize],
+        reply: Result<Reply, Error>,
+        epoch: u64,
+    ) -> Result<Reply, Error> {
+        let reply = match reply {
+            Ok(r) if r.answers.len() == group.len() * 5 => r,
+            Ok(r) => {
+                return Err(Error::Backend(format!(
+                    "the script answered {} values for {} checks",
+                    r.answers.len(),
+                    group.len()
+                )));
+            }
+            Err(e) => {
+                if matches!(e, Error::Timeout(_)) {
+                    // The call may still be running: count the miss here, unless it
+                    // waited for a script load or the first connection.
+                    if self.shared.warming.overlapped(epoch) {
+                        tracing::debug!("a request missed its deadline while scripts loaded or Redis was being connected: not counted as a Redis failure");
+                    } else {
+                        self.shared.breaker.failure();
+                    }
+                    self.timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        };
+        if reply.answers.first() == Some(&FAILED) {
+            return Err(Error::Backend(
+                "the script failed on this request (see the Redis log; a key of the wrong type?)"
+                    .into(),
+            ));
+        }
+        Ok(reply)
+    }
+
+    /// A request spanning slots was rejected in some: every other slot takes back what
+    /// it charged (one call each, concurrently, with the receipt its first call
+    /// answered), and its admitted checks are answered as that call decides them again
+    /// with cost 0. A slot that rejected has taken back its own charges already. Each
+    /// refund runs as a task of its own, so that it is made even when it answers after
+    /// `wait`; a check whose slot did not answer in time (or failed) keeps its first
+    /// answer, charged: stricter, never looser.
+    async fn refund(
+        &self,
+        call: &Call<'_, '_>,
+        groups: &[Vec<usize>],
+        receipts: Vec<Option<Vec<u8>>>,
+        decisions: &mut [Decision],
+        wait: Duration,
+    ) {
+        let mut tasks = Vec::new();
+        for (group, receipt) in groups.iter().zip(receipts) {
+            let Some(receipt) = receipt.filter(|r| !r.is_empty()) else {
+                // Nothing charged here (or rejected here, and taken back already).
+                continue;
+            };
+            let mut request = call.request(group, REFUND);
+            request.receipt = Some(receipt);
+            let shared = Arc::clone(&self.shared);
+            let task = tokio::spawn(async move { invoke(&shared, &request).await });
+            tasks.push((group, tokio::time::timeout(wait, task)));
+        }
+        let (groups, tasks): (Vec<_>, Vec<_>) = tasks.into_iter().unzip();
+        let results = futures_util::future::join_all(tasks).await;
+        for (group, result) in groups.into_iter().zip(results) {
+            let admitted: Vec<usize> = group
+                .iter()
+                .copied()
+                .filter(|&i| decisions[i].allowed)
+                .collect();
+            let answers = match result {
+                Ok(Ok(Ok(reply))) => reply.answers,
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(error = %e, "Redis failed to take back a charge of a request another slot rejected; it stays charged");
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "taking back a charge of a request another slot rejected failed; it stays charged");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::debug!("taking back a charge of a request another slot rejected took longer than the deadline; its checks are answered as charged");
+                    continue;
+                }
+            };
+            if answers.len() != admitted.len() * 5 || answers.first() == Some(&FAILED) {
+                tracing::warn!(
+                    answers = answers.len(),
+                    admitted = admitted.len(),
+                    "Redis could not take back a charge of a request another slot rejected (see the Redis log); it stays charged"
+                );
+                continue;
+            }
+            for (&i, v) in admitted.iter().zip(answers.chunks_exact(5)) {
+                decisions[i] = call.encoded[i].decode(call.checks[i].limit.limit(), v);
+            }
+        }
     }
 
     /// Check indexes per script call: all in one, or per hash tag on a cluster.
@@ -629,19 +794,52 @@ impl RedisStore {
     /// Sends one request: through the batcher (single Redis) or in a call of its own
     /// (cluster), within `deadline`.
     async fn send(&self, request: Request, deadline: Duration) -> Result<Vec<i64>, Error> {
-        let answer = async {
-            match &self.batchers {
-                Some(batchers) => batchers.send(request).await,
-                None => invoke(&self.shared, std::slice::from_ref(&request)).await,
-            }
-        };
-        tokio::time::timeout(deadline, answer)
+        match &self.batchers {
+            Some(batchers) => tokio::time::timeout(deadline, batchers.send(request))
+                .await
+                .map_err(|_| Error::Timeout(deadline))?,
+            None => self
+                .send_alone(request, deadline)
+                .await
+                .map(|reply| reply.answers),
+        }
+    }
+
+    /// Sends one request in a call of its own (cluster) within `deadline`: its answers
+    /// and the receipt it answered, if it asked for one.
+    async fn send_alone(&self, request: Request, deadline: Duration) -> Result<Reply, Error> {
+        tokio::time::timeout(deadline, invoke(&self.shared, &request))
             .await
             .map_err(|_| Error::Timeout(deadline))?
     }
 }
 
-/// The packed `ARGV` argument and the `KEYS` of one group of checks.
+/// One request as the script calls for its groups of checks see it.
+struct Call<'a, 'c> {
+    time: TimeSource,
+    now: Nanos,
+    checks: &'a [Check<'c>],
+    encoded: &'a [Encoded],
+    names: &'a [KeyNames],
+}
+
+impl Call<'_, '_> {
+    /// The request of the checks `group`, with these time mode `flags`.
+    fn request(&self, group: &[usize], flags: u64) -> Request {
+        request(
+            self.time,
+            self.now,
+            self.checks,
+            self.encoded,
+            self.names,
+            group,
+            flags,
+        )
+    }
+}
+
+/// The packed `ARGV` argument and the `KEYS` of one group of checks; `flags`: the time
+/// mode's [`FORCED`], [`RECEIPT`] or [`REFUND`], or 0.
 fn request(
     time: TimeSource,
     now: Nanos,
@@ -649,16 +847,15 @@ fn request(
     encoded: &[Encoded],
     names: &[KeyNames],
     group: &[usize],
-    rejected: bool,
+    flags: u64,
 ) -> Request {
     let mut args = Vec::with_capacity(32 + group.len() * CHECK_BYTES);
     let count = group.len() as u64;
-    let forced = if rejected { 2 } else { 0 };
     match time {
-        TimeSource::Redis => pack(&mut args, &[forced, 0, 0, count]),
+        TimeSource::Redis => pack(&mut args, &[flags, 0, 0, count]),
         TimeSource::Caller => pack(
             &mut args,
-            &[1 + forced, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
+            &[1 + flags, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
         ),
     }
     let mut keys = Vec::with_capacity(group.len());
@@ -680,6 +877,7 @@ fn request(
         args,
         keys,
         checks: group.len(),
+        receipt: None,
     }
 }
 
@@ -735,7 +933,7 @@ impl ScriptCall {
                 TimeSource::Redis
             };
             let now = now.unwrap_or(0);
-            encoded_requests.push(request(time, now, checks, &encoded, &names, &all, false));
+            encoded_requests.push(request(time, now, checks, &encoded, &names, &all, 0));
         }
         let refs: Vec<&Request> = encoded_requests.iter().collect();
         let mask = refs.iter().fold(0, |m, r| m | r.mask);
@@ -818,10 +1016,9 @@ fn version_supported(info: &str) -> Option<(&str, bool)> {
     Some((version, (major, minor) >= MIN_REDIS))
 }
 
-/// One script call for one request.
-async fn invoke(shared: &Shared, requests: &[Request]) -> Result<Vec<i64>, Error> {
-    let refs: Vec<&Request> = requests.iter().collect();
-    invoke_all(shared, &shared.conn, &refs).await
+/// One script call for one request, with the receipt it answers when it asked for one.
+async fn invoke(shared: &Shared, request: &Request) -> Result<Reply, Error> {
+    invoke_reply(shared, &shared.conn, &[request]).await
 }
 
 /// One script call deciding `requests` in order.
@@ -830,10 +1027,23 @@ async fn invoke_all(
     conn: &Connection,
     requests: &[&Request],
 ) -> Result<Vec<i64>, Error> {
+    invoke_reply(shared, conn, requests)
+        .await
+        .map(|reply| reply.answers)
+}
+
+/// One script call deciding `requests` in order: their answers, and a receipt when the
+/// (single) request asked for one.
+async fn invoke_reply(
+    shared: &Shared,
+    conn: &Connection,
+    requests: &[&Request],
+) -> Result<Reply, Error> {
     let mask = requests.iter().fold(0, |m, r| m | r.mask);
     let built = shared.scripts.get(mask);
     let (index, distinct) = call_args(requests);
     let keys = || requests.iter().flat_map(|r| r.keys.iter());
+    let receipts = || requests.iter().filter_map(|r| r.receipt.as_deref());
     shared.calls.fetch_add(1, Ordering::Relaxed);
     let mut conn = conn.clone();
     let mut reply = None;
@@ -848,6 +1058,9 @@ async fn invoke_all(
         fcall.arg(shared.slack_ms).arg(requests.len()).arg(&index);
         for a in &distinct {
             fcall.arg(a);
+        }
+        for r in receipts() {
+            fcall.arg(r);
         }
         reply = call_function(shared, &mut conn, built, &fcall).await;
     }
@@ -865,16 +1078,22 @@ async fn invoke_all(
             for a in &distinct {
                 evalsha.arg(a);
             }
+            for r in receipts() {
+                evalsha.arg(r);
+            }
             call_script(shared, &mut conn, built, &evalsha).await
         }
     };
-    let reply = reply.map_err(|e| e.to_string()).and_then(|bytes| {
-        script::answers(&bytes).ok_or_else(|| {
+    let reply = reply.map_err(|e| e.to_string()).and_then(|value| {
+        let (bytes, receipt) = reply_parts(value)
+            .ok_or_else(|| "the script answered something else than a string".to_string())?;
+        let answers = script::answers(&bytes).ok_or_else(|| {
             format!(
                 "the script answered {} bytes that are no answers",
                 bytes.len()
             )
-        })
+        })?;
+        Ok(Reply { answers, receipt })
     });
     match reply {
         Ok(values) => {
@@ -889,6 +1108,21 @@ async fn invoke_all(
     }
 }
 
+/// A script's reply as its answers' string and, when it answered one, its receipt: a
+/// string, or (a call that asked for a receipt, `lua/call.lua`) an array of the two.
+fn reply_parts(value: redis::Value) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    match value {
+        redis::Value::BulkString(answers) => Some((answers, None)),
+        redis::Value::Array(parts) => match <[redis::Value; 2]>::try_from(parts) {
+            Ok([redis::Value::BulkString(answers), redis::Value::BulkString(receipt)]) => {
+                Some((answers, Some(receipt)))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Sends `fcall`: when Redis no longer has the function (a restart, a failover,
 /// `FUNCTION FLUSH`), loads the library and sends it again. `None` when Redis cannot
 /// run functions at all (no `FCALL` or `FUNCTION LOAD`, or its ACL forbids them): the
@@ -898,8 +1132,8 @@ async fn call_function(
     conn: &mut Connection,
     built: &script::Built,
     fcall: &redis::Cmd,
-) -> Option<redis::RedisResult<Vec<u8>>> {
-    let first = fcall.query_async::<Vec<u8>>(conn).await;
+) -> Option<redis::RedisResult<redis::Value>> {
+    let first = fcall.query_async::<redis::Value>(conn).await;
     let missing = match &first {
         Err(e) if functions_unusable(e) => {
             give_up_functions(shared, e);
@@ -920,7 +1154,7 @@ async fn call_function(
         .await;
     drop(loading);
     match loaded {
-        Ok(_) => Some(fcall.query_async::<Vec<u8>>(conn).await),
+        Ok(_) => Some(fcall.query_async::<redis::Value>(conn).await),
         // Redis refused the library itself (no FUNCTION, an ACL, or a library it
         // cannot compile): EVALSHA still works.
         Err(e) if functions_unusable(&e) || library_refused(&e) => {
@@ -941,14 +1175,14 @@ async fn call_script(
     conn: &mut Connection,
     built: &script::Built,
     evalsha: &redis::Cmd,
-) -> redis::RedisResult<Vec<u8>> {
-    match evalsha.query_async::<Vec<u8>>(&mut *conn).await {
+) -> redis::RedisResult<redis::Value> {
+    match evalsha.query_async::<redis::Value>(&mut *conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             let loading = shared.warming.begin();
             let loaded = built.script.load_async(&mut *conn).await;
             drop(loading);
             loaded?;
-            evalsha.query_async::<Vec<u8>>(conn).await
+            evalsha.query_async::<redis::Value>(conn).await
         }
         reply => reply,
     }
@@ -1149,6 +1383,23 @@ mod tests {
         );
         assert_eq!(deadline_within(ms(20), Duration::ZERO), ms(20));
         assert_eq!(deadline_within(ms(20), ms(5_000)), ms(20), "never longer");
+    }
+
+    #[test]
+    fn a_reply_is_the_answers_or_the_answers_and_a_receipt() {
+        use redis::Value;
+        let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+        assert_eq!(reply_parts(bulk(b"ab")), Some((b"ab".to_vec(), None)));
+        assert_eq!(
+            reply_parts(Value::Array(vec![bulk(b"ab"), bulk(b"")])),
+            Some((b"ab".to_vec(), Some(Vec::new())))
+        );
+        assert_eq!(reply_parts(Value::Array(vec![bulk(b"ab")])), None);
+        assert_eq!(
+            reply_parts(Value::Array(vec![bulk(b"a"), Value::Int(1)])),
+            None
+        );
+        assert_eq!(reply_parts(Value::Int(1)), None);
     }
 
     #[test]

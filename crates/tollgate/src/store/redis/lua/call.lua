@@ -7,9 +7,15 @@
 -- argument):
 -- little-endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
--- per batch; 1: the next two; +2: the request is already rejected), now seconds, now nanoseconds, the number of checks,
+-- per batch; 1: the next two; +2: the request is already rejected; +4: answer a
+-- receipt; +8: take back a charge), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
 -- window / gcd, cost, shadow, lockout (ticks), queue.
+-- Modes +4 and +8 are a Redis Cluster's, for one slot of a request spanning several,
+-- alone in its call: +4 decides the request as usual (a lone check on its fast path, its
+-- state read first: lone_receipt) and answers, besides the answers' string, the receipt
+-- of what it changed (an array of the two strings; see driver.lua); +8 takes that charge back, the receipt being the argument after the
+-- request's, and answers the checks admitted at first, decided again with cost 0.
 -- KEYS, request after request: per check its state key, then its log meta key
 -- (sliding log), then its lockout key (when it has a lockout).
 -- Returns one string: per check, little-endian doubles (exact integers), all times in
@@ -43,6 +49,9 @@ local requests = tonumber(ARGV[2])
 local INDEX = ARGV[3]
 local byte = string.byte
 local TIME_S, TIME_N
+-- Set when the call asks for a receipt (mode +4): then the receipt, answered with the
+-- answers.
+local RECEIPT = false
 
 -- Every key's value, read with one MGET before the first request when the call holds
 -- more than one request (a GET per lone check cost Redis about 2,900 instructions; a
@@ -87,13 +96,29 @@ for q = 1, requests do
   local arg = 4 + lo + 256 * hi
   local blob = ARGV[arg]
   local lone = LONE[arg]
-  local mode, NS, NN, count, pos, forced
+  local mode, NS, NN, count, pos, cost
+  local forced, special, refund, wants = false, false, false, false
   if not lone then
     mode, NS, NN, count, pos = unpack('<dddd', blob)
-    -- Mode +2: the request is already rejected (by the caller's blocked-key cache): its
-    -- checks are decided and then taken back, as if one more check had been rejected.
-    forced = mode >= 2
-    if forced then mode = mode - 2 end
+    if mode >= 2 then
+      special = true
+      -- Mode +8: take back what the request charged (Redis Cluster; the receipt is the
+      -- argument after it). +4: answer a receipt too. +2: the request is already
+      -- rejected (by the caller's blocked-key cache): its checks are decided and then
+      -- taken back, as if one more check had been rejected.
+      if mode >= 8 then
+        refund = true
+        mode = mode - 8
+      end
+      if mode >= 4 then
+        wants, RECEIPT = true, true
+        mode = mode - 4
+      end
+      if mode >= 2 then
+        forced = true
+        mode = mode - 2
+      end
+    end
     if mode == 0 then
       if not TIME_S then
         local t = redis.call('TIME')
@@ -101,15 +126,17 @@ for q = 1, requests do
       end
       NS, NN = TIME_S, TIME_N
     end
-    -- A lone check with a fast path (ALONE) takes it: no tables, no undo log.
-    if count == 1 and not forced then
-      local alg, tick, limit, window, burst, r, wr, cost, _, lockout, queue =
+    -- A lone check with a fast path (ALONE) takes it: no tables, no undo log. So does
+    -- one asking for a receipt (see lone_receipt in driver.lua).
+    if count == 1 and (wants or not special) then
+      local alg, tick, limit, window, burst, r, wr, _, lockout, queue
+      alg, tick, limit, window, burst, r, wr, cost, _, lockout, queue =
         unpack('<ddddddddddd', blob, pos)
       local alone = lockout == 0 and ALONE[alg]
       if alone then
         lone = alone(tick, limit, window, burst, r, wr, cost, queue == 1, NS,
           (NN - NN % tick) / tick, 1000000000 / tick)
-        if mode == 0 then LONE[arg] = lone end
+        if mode == 0 and not wants then LONE[arg] = lone end
       end
     end
   end
@@ -117,7 +144,13 @@ for q = 1, requests do
     -- nil: not read yet (the fast path reads it).
     local raw = nil
     if PRE and not reread then raw = PRE[key] end
-    local ok, a, b, c, d, e = pcall(lone, KEYS[key], raw)
+    local ok, a, b, c, d, e
+    if wants then
+      ok, a, b, c, d, e, RECEIPT = pcall(lone_receipt, lone, KEYS[key], cost)
+      if not ok then RECEIPT = '' end
+    else
+      ok, a, b, c, d, e = pcall(lone, KEYS[key], raw)
+    end
     if not ok then
       if type(a) == 'table' then a = a.err end
       redis.log(redis.LOG_WARNING, 'tollgate: a request failed: ' .. tostring(a))
@@ -168,7 +201,13 @@ for q = 1, requests do
       checks[i] = c
     end
 
-    local ok, decisions = pcall(decide_request, checks, count, forced)
+    local ok, decisions, receipt
+    if refund then
+      ok, decisions = pcall(refund_request, checks, count, ARGV[arg + 1])
+    else
+      ok, decisions, receipt = pcall(decide_request, checks, count, forced, RECEIPT)
+      if RECEIPT then RECEIPT = receipt or '' end
+    end
     if not ok then
       -- One request's failure (a key of the wrong type, say) fails that request
       -- alone: its charges are taken back and it answers -2; the batch goes on.
@@ -179,7 +218,7 @@ for q = 1, requests do
       decisions = {}
       for i = 1, count do decisions[i] = { -2, 0, 0, 0, 0 } end
     end
-    for i = 1, count do
+    for i = 1, #decisions do
       local d = decisions[i]
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
         -1, d[1], d[2], d[3], d[4], d[5]
@@ -189,11 +228,18 @@ for q = 1, requests do
 end
 -- Packed at the end, at most 1,000 numbers per struct.pack (their arguments live on
 -- Lua's stack).
-if o <= 1000 then return pack('<' .. rep('d', o), spread(out, 1, o)) end
-local parts = {}
-for i = 1, o, 1000 do
-  local j = i + 999
-  if j > o then j = o end
-  parts[#parts + 1] = pack('<' .. rep('d', j - i + 1), spread(out, i, j))
+local answers
+if o <= 1000 then
+  answers = pack('<' .. rep('d', o), spread(out, 1, o))
+else
+  local parts = {}
+  for i = 1, o, 1000 do
+    local j = i + 999
+    if j > o then j = o end
+    parts[#parts + 1] = pack('<' .. rep('d', j - i + 1), spread(out, i, j))
+  end
+  answers = table.concat(parts)
 end
-return table.concat(parts)
+-- A call asked for a receipt (one request: a Redis Cluster call) answers it as well.
+if RECEIPT then return { answers, RECEIPT } end
+return answers

@@ -5,6 +5,9 @@
 
 -- Keys whose state the request being decided has saved for taking back (MULTI only).
 local saved = {}
+-- Whether a check of the request being decided started a lockout (which a check of the
+-- same key admitted before it finds when it is decided again).
+local LOCKED = false
 
 local function unpack_state(c, raw)
   if not raw then return { 0, 0, 0, 0 } end
@@ -52,10 +55,23 @@ local function decide(c, cost)
     -- keeps reporting what the limit has left uncharged.
     local s, n = later(c, c.lockout)
     CALL('SET', c.lock, PACK('dd', s, ns_of(c, n)), 'PX', px(to_ms(c, c.lockout) + SLACK_MS))
+    LOCKED = true
     d[3] = c.lockout
     if d[4] ~= NEVER then d[4] = c.lockout end
   end
   return d
+end
+
+-- Puts a state key back to `raw` (false: none), with the TTL that state has.
+local function restore(c, raw)
+  if raw then
+    -- The very bytes read (not re-encoded at this check's tick, which may be coarser
+    -- than the stored nanoseconds). Every state starts with the instant it expires.
+    local st = unpack_state(c, raw)
+    CALL('SET', c.key, raw, 'PX', px(ttl_ms(c, st[1], st[2])))
+  else
+    CALL('DEL', c.key)
+  end
 end
 
 -- Takes back every charge recorded in UNDO, newest first (lockouts stay).
@@ -63,14 +79,7 @@ local function undo_all()
   for j = #UNDO, 1, -1 do
     local u = UNDO[j]
     if u[1] == 'state' then
-      if u[3] then
-        -- The very bytes read (not re-encoded at this check's tick, which may be
-        -- coarser than the stored nanoseconds).
-        local st = unpack_state(u[2], u[3])
-        CALL('SET', u[2].key, u[3], 'PX', px(ttl_ms(u[2], st[1], st[2])))
-      else
-        CALL('DEL', u[2].key)
-      end
+      restore(u[2], u[3])
     else
       LOG_UNDO(u)
     end
@@ -78,13 +87,108 @@ local function undo_all()
   UNDO = {}
 end
 
--- Decides one request's checks, all or nothing.
-local function decide_request(checks, count, forced)
+-- Receipts (Redis Cluster). A request whose checks span several slots is one call per
+-- slot, and when one slot rejects it, the others must take back what they charged: a
+-- second call per slot (refund_request below) with the receipt its first call answered.
+-- A receipt is a string of little-endian doubles and byte strings (each its length as a
+-- double, then its bytes; -1: none): the number of checks, whether each was admitted,
+-- then a record per key changed: the index of its first check, the cost charged to it
+-- in all, and the key as the request found it and as it left it (for a sliding log: its
+-- meta, its last entry and its trimmed entries before; its meta, last entry and length
+-- after). '' when nothing was changed and no lockout started: its answers stand.
+-- At most this many trimmed entries are carried; beyond, a log is not put back whole
+-- (only its charge is taken back, see REFUND[3]).
+local RECEIPT_GONE = 1000
+
+local function rstr(v)
+  if v then return PACK('<d', #v) .. v end
+  return PACK('<d', -1)
+end
+
+local function rtake(blob, pos)
+  local n, at = UNPACK('<d', blob, pos)
+  if n < 0 then return false, at end
+  return string.sub(blob, at, at + n - 1), at + n
+end
+
+-- The receipt of a request admitted here: a record per key its checks changed (as
+-- recorded in UNDO: a charge, or a sliding log's trimmed entries). Also when nothing
+-- changed but a check started a lockout: the admitted checks are decided again.
+local function receipt_of(checks, count, decisions)
+  if not UNDO[1] and not LOCKED then return '' end
+  local first, recs, order = {}, {}, {}
+  for i = count, 1, -1 do first[checks[i].key] = i end
+  for j = 1, #UNDO do
+    local u = UNDO[j]
+    local r = recs[u[2].key]
+    if not r then
+      r = { i = first[u[2].key], cost = 0, gone = {} }
+      recs[u[2].key] = r
+      order[#order + 1] = r
+      if u[1] == 'logpop' then
+        r.meta_old = u[4]
+      elseif u[1] == 'log' then
+        r.meta_old = u[9]
+      end
+    end
+    if u[1] == 'state' then
+      r.old = u[3]
+    elseif u[1] == 'logpop' then
+      for g = 1, #u[3] do r.gone[#r.gone + 1] = u[3][g] end
+    elseif not r.charged then
+      r.charged, r.old_last = true, u[7]
+    end
+  end
+  for i = 1, count do
+    local c = checks[i]
+    if decisions[i][1] == 1 and c.cost > 0 then
+      local r = recs[c.key]
+      r.cost = r.cost + c.cost
+    end
+  end
+  local parts = { PACK('<d', count) }
+  for i = 1, count do parts[#parts + 1] = PACK('<d', decisions[i][1]) end
+  for j = 1, #order do
+    local r = order[j]
+    local c = checks[r.i]
+    parts[#parts + 1] = PACK('<dd', r.i, r.cost)
+    if c.alg == 3 then
+      parts[#parts + 1] = rstr(r.meta_old) .. rstr(r.old_last)
+      if #r.gone > RECEIPT_GONE then
+        parts[#parts + 1] = PACK('<d', -1)
+      else
+        parts[#parts + 1] = PACK('<d', #r.gone)
+        for g = 1, #r.gone do parts[#parts + 1] = rstr(r.gone[g]) end
+      end
+      parts[#parts + 1] = rstr(CALL('GET', c.meta)) .. rstr(CALL('LINDEX', c.key, -1))
+        .. PACK('<d', CALL('LLEN', c.key))
+    else
+      parts[#parts + 1] = rstr(r.old) .. rstr(CALL('GET', c.key))
+    end
+  end
+  return table.concat(parts)
+end
+
+-- A lone check asking for a receipt (Redis Cluster): its algorithm's fast path (ALONE:
+-- `lone`), with its state read here first, and read again after a charge, for the
+-- receipt (one check, admitted, and its one record).
+local function lone_receipt(lone, key, cost)
+  local raw = CALL('GET', key)
+  local a, b, c, d, e = lone(key, raw)
+  if a ~= 1 or cost <= 0 then return a, b, c, d, e, '' end
+  return a, b, c, d, e, PACK('<dddd', 1, 1, 1, cost) .. rstr(raw) .. rstr(CALL('GET', key))
+end
+
+-- Decides one request's checks, all or nothing. With `receipt` (a Redis Cluster call
+-- for one slot of a request spanning several), also answers the receipt of what an
+-- admitted request charged ('' when rejected here: its charges are already taken back).
+local function decide_request(checks, count, forced, receipt)
   -- Fresh tables only when the last request used them (most requests are one check
   -- whose charge is never taken back, and a table per request is not free).
   if UNDO[1] then UNDO = {} end
-  MULTI = count > 1 or forced
+  MULTI = count > 1 or forced or receipt
   if MULTI then saved = {} end
+  LOCKED = false
   local decisions, rejected = {}, forced
   for i = 1, count do
     local d = decide(checks[i], checks[i].cost)
@@ -96,6 +200,60 @@ local function decide_request(checks, count, forced)
     for i = 1, count do
       if decisions[i][1] == 1 then decisions[i] = decide(checks[i], 0) end
     end
+    return decisions, ''
+  end
+  if receipt then return decisions, receipt_of(checks, count, decisions) end
+  return decisions
+end
+
+-- Takes back what a request charged in this slot, from the receipt its first call
+-- answered, because another slot rejected it (Redis Cluster). A key still exactly as
+-- the charge left it is put back as the charge found it (what the general path's undo
+-- does); a key others have changed since loses this request's charge only (its
+-- algorithm's REFUND). Lockouts stay. Then the checks admitted at first are decided
+-- again with cost 0, as a single Redis answers them: their answers, in order.
+local function refund_request(checks, count, receipt)
+  if UNDO[1] then UNDO = {} end
+  MULTI = false
+  local n, pos = UNPACK('<d', receipt)
+  local admitted = {}
+  for i = 1, n do admitted[i], pos = UNPACK('<d', receipt, pos) end
+  while pos <= #receipt do
+    local i, cost
+    i, cost, pos = UNPACK('<dd', receipt, pos)
+    local c = checks[i]
+    if c.alg == 3 then
+      local r = { cost = cost }
+      r.meta_old, pos = rtake(receipt, pos)
+      r.old_last, pos = rtake(receipt, pos)
+      local gone
+      gone, pos = UNPACK('<d', receipt, pos)
+      if gone >= 0 then
+        r.gone = {}
+        for g = 1, gone do r.gone[g], pos = rtake(receipt, pos) end
+      end
+      r.meta_new, pos = rtake(receipt, pos)
+      r.tail_new, pos = rtake(receipt, pos)
+      r.llen, pos = UNPACK('<d', receipt, pos)
+      REFUND[3](c, r)
+    else
+      local old, new
+      old, pos = rtake(receipt, pos)
+      new, pos = rtake(receipt, pos)
+      local now = CALL('GET', c.key)
+      if now and now == new then
+        restore(c, old)
+      elseif now and new then
+        local read = READ[c.alg] or unpack_state
+        local st = REFUND[c.alg](c, read(c, now), read(c, new), cost)
+        local write = WRITE[c.alg] or put_state
+        if st then write(c, st) end
+      end
+    end
+  end
+  local decisions = {}
+  for i = 1, n do
+    if admitted[i] == 1 then decisions[#decisions + 1] = decide(checks[i], 0) end
   end
   return decisions
 end

@@ -21,6 +21,16 @@ ALG[1] = function(c, st, cost)
   return { 0, remaining, e, retry, 0 }
 end
 
+-- Takes back a charge (see REFUND in prelude.lua): the count goes down by the cost
+-- while the stored window is still the one charged; a later window holds nothing of it.
+REFUND[1] = function(c, st, charged, cost)
+  if st[1] ~= charged[1] or st[2] ~= charged[2] then return nil end
+  if since(c, st[1], st[2]) <= 0 then return nil end
+  local count = st[3] - cost
+  if count < 0 then count = 0 end
+  return { st[1], st[2], count, 0 }
+end
+
 -- ALG[1] for a lone check (no lockout, not already rejected), with its state read and
 -- written here: the decision's five numbers, as ALG[1] and the driver would give them.
 -- Most requests are this, and the driver's tables and calls cost more than the two

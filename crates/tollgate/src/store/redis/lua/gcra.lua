@@ -20,6 +20,9 @@ ALG[5] = function(c, st, cost)
   return { 0, fdiv(room, wr), cdiv(x, r), retry, 0 }
 end
 
+-- Takes back a charge: the instant moves back by cost x window / limit (prelude.lua).
+REFUND[5] = bucket_refund
+
 -- ALG[5] for a lone check (see ALONE in fixed_window.lua).
 ALONE[5] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
   return function(key, raw)

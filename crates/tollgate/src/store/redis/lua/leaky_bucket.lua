@@ -23,6 +23,9 @@ ALG[6] = function(c, st, cost)
   return { 0, fdiv(room, wr), cdiv(level, r), retry, 0 }
 end
 
+-- Takes back a charge: the instant moves back by cost x window / limit (prelude.lua).
+REFUND[6] = bucket_refund
+
 -- ALG[6] for a lone check (see ALONE in fixed_window.lua).
 ALONE[6] = function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
   return function(key, raw)

@@ -26,6 +26,13 @@ local ALONE = {}
 -- Per algorithm code, optionally: how its state is read and written by the general path
 -- (driver.lua), when it is not the four doubles every other state is.
 local READ, WRITE = {}, {}
+-- Per algorithm code: how a charge is taken back from a state that others have changed
+-- since (Redis Cluster, see driver.lua's refund_request): function(c, st, charged, cost),
+-- `st` the state now, `charged` the state the charge left (both as READ gives them),
+-- `cost` what the request charged; it returns the state to write, or nil to leave it.
+-- It subtracts that request's charge and nothing else (other requests may have charged
+-- the key in between), never below what the key would hold without the charge.
+local REFUND = {}
 local LOG_CHECK = nil
 local LOG_UNDO = nil
 -- Whether the request being decided has several checks: only then does a rejection
@@ -252,4 +259,23 @@ local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
   else
     lone_create(key, state, px(ms))
   end
+end
+
+-- A bucket's refund (REFUND[4], [5], [6]): the exact instant moved back by the
+-- request's cost x window / limit (cost x wr in the scaled units), but by no more than
+-- the charge still holds: `charged` is the instant the charge left, and a charge is
+-- spent by now as far as that instant is past. Others' charges since then (each at
+-- most now) only add on top of it, so what is taken back is never more than what the
+-- state holds because of this request: never below the state without the charge.
+local function bucket_refund(c, st, charged, cost)
+  if c.limit == 0 then return nil end
+  local held = bucket_ahead(c, charged)
+  if held <= 0 then return nil end
+  local x = bucket_ahead(c, st)
+  if x <= 0 then return nil end
+  local d = cost * c.wr
+  if d > held then d = held end
+  x = x - d
+  if x < 0 then x = 0 end
+  return bucket_state(c, x)
 end

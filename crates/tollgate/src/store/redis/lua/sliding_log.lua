@@ -74,10 +74,10 @@ LOG_CHECK = function(c, cost)
       end
       if last and ls == k.ns and ln == k.nn then
         CALL('LSET', c.key, -1, PACK('ddd', ls, ns_of(k, ln), lc + cost))
-        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, last, meta_raw ~= nil }
+        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, last, meta_raw ~= nil, meta_raw }
       else
         CALL('RPUSH', c.key, PACK('ddd', k.ns, ns_of(k, k.nn), cost))
-        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, false, meta_raw ~= nil }
+        UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, false, meta_raw ~= nil, meta_raw }
       end
       used = used + cost
       es, en = later(k, w)
@@ -136,4 +136,77 @@ LOG_UNDO = function(u)
   else
     CALL('DEL', c.meta)
   end
+end
+
+-- Takes back a charge on a Redis Cluster (driver.lua's refund_request; `r` is the
+-- charge's record: r.cost (0: entries were trimmed, nothing charged), the log as the
+-- charge left it (r.meta_new, r.tail_new,
+-- r.llen), and as it found it (r.meta_old, r.old_last, r.gone: the entries trimmed,
+-- false when there were too many to carry)). When the log is still exactly as the
+-- charge left it, it is put back as it was, trimmed entries included (as the general
+-- path's undo does). Otherwise others have changed it since: only this request's cost
+-- comes off its entry, the one at the charge's instant (entries are in time order, one
+-- per instant), and off the meta's total.
+REFUND[3] = function(c, r)
+  local meta = CALL('GET', c.meta)
+  if r.gone and meta == r.meta_new and CALL('LINDEX', c.key, -1) == r.tail_new
+      and CALL('LLEN', c.key) == r.llen then
+    if r.cost <= 0 then
+      -- Entries trimmed only: nothing charged.
+    elseif r.old_last then
+      CALL('LSET', c.key, -1, r.old_last)
+    else
+      CALL('RPOP', c.key)
+    end
+    for i = #r.gone, 1, -1 do CALL('LPUSH', c.key, r.gone[i]) end
+    if r.meta_old then
+      local _, es, en = UNPACK('ddd', r.meta_old)
+      local px = px(ttl_ms(c, es, ticks_of(c, en)))
+      CALL('SET', c.meta, r.meta_old, 'PX', px)
+      CALL('PEXPIRE', c.key, px)
+    else
+      CALL('DEL', c.meta)
+    end
+    return
+  end
+  if not meta or r.cost <= 0 then return end
+  local ks, kn = UNPACK('dd', r.tail_new)
+  local n = CALL('LLEN', c.key)
+  local at, entry = nil, nil
+  local j = n - 1
+  while j >= 0 and not at do
+    local from = j - 15
+    if from < 0 then from = 0 end
+    local chunk = CALL('LRANGE', c.key, from, j)
+    for i = #chunk, 1, -1 do
+      local s, ns = UNPACK('dd', chunk[i])
+      if s == ks and ns == kn then
+        at, entry = from + i - 1, chunk[i]
+        break
+      end
+      -- Older than the charge: its entry is gone (trimmed).
+      if s < ks or (s == ks and ns < kn) then
+        j = -1
+        break
+      end
+    end
+    if j >= 0 then j = from - 1 end
+  end
+  if not at then return end
+  local _, _, ec = UNPACK('ddd', entry)
+  local d = r.cost
+  if d > ec then d = ec end
+  if ec > d then
+    CALL('LSET', c.key, at, PACK('ddd', ks, kn, ec - d))
+  elseif at == n - 1 then
+    CALL('RPOP', c.key)
+  else
+    -- No entry is this short: LREM removes exactly the one marked.
+    CALL('LSET', c.key, at, 'tollgate:refund')
+    CALL('LREM', c.key, 1, 'tollgate:refund')
+  end
+  local used, es, en = UNPACK('ddd', meta)
+  used = used - d
+  if used < 0 then used = 0 end
+  CALL('SET', c.meta, PACK('ddd', used, es, en), 'XX', 'KEEPTTL')
 end

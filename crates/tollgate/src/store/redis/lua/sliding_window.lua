@@ -131,7 +131,10 @@ local function sw_bytes(c, st)
   if st.exp > 0 then ms = ms + to_ms(c, st.exp) end
   if ms < 1 then ms = 1 end
   local ring
-  if st.src then
+  if not st.count then
+    -- A state as read (a refund changed it): its slots as they are.
+    ring = string.sub(st.ring, st.base + 1, st.base + SW_RING * SW_SLOT_LEN)
+  elseif st.src then
     ring = PACK(SW_SLOT, st.count, st.last) ..
       string.sub(st.src, st.srcbase + SW_SLOT_LEN + 1, st.srcbase + SW_RING * SW_SLOT_LEN)
   else
@@ -299,6 +302,44 @@ ALG[2] = function(c, st, cost)
 end
 READ[2] = function(c, raw) return sw_read(sw_limit(c), raw) end
 WRITE[2] = sw_put
+
+-- Takes back a charge (see REFUND in prelude.lua; both states as sw_read reads them,
+-- relative to now): the cost comes off the aligned window's count it went into (the
+-- current one, or the previous one once the aligned window has moved on) and off the
+-- sub-window it went into (the newest one when it was charged, wherever the ring has
+-- moved it since). The sub-window's last admission cannot be restored and stays, which
+-- can only hold its other admissions longer.
+REFUND[2] = function(c, st, charged, cost)
+  if st.exp <= 0 then return nil end
+  local w = c.window
+  local taken = false
+  local function less(n)
+    local d = cost
+    if d > n then d = n end
+    if d > 0 then taken = true end
+    return n - d
+  end
+  if st.fin == charged.fin then
+    st.cur = less(st.cur)
+  elseif st.fin == charged.fin + w then
+    st.prev = less(st.prev)
+  end
+  local b = c.b
+  local steps, off = divmod(st.new - charged.new, b)
+  if off == 0 and steps >= 0 and steps < SW_RING and st.total > 0 then
+    local n, q = sw_slot(st, steps)
+    local m = less(n)
+    if m ~= n then
+      -- The slot rewritten in place among the others' bytes.
+      local at = st.base + steps * SW_SLOT_LEN
+      st.ring = string.sub(st.ring, st.base + 1, at) .. PACK(SW_SLOT, m, q) ..
+        string.sub(st.ring, at + SW_SLOT_LEN + 1, st.base + SW_RING * SW_SLOT_LEN)
+      st.base, st.total = 0, st.total - (n - m)
+    end
+  end
+  if taken then return st end
+  return nil
+end
 
 -- ALG[2] for a lone check (see ALONE in fixed_window.lua): ALG[2] itself, with only
 -- the fields it reads, and the state read and written here.

@@ -22,6 +22,9 @@ ALG[4] = function(c, st, cost)
   return { 0, fdiv(tokens, wr), cdiv(missing, r), retry, 0 }
 end
 
+-- Takes back a charge: the instant moves back by cost x window / limit (prelude.lua).
+REFUND[4] = bucket_refund
+
 -- ALG[4] for a lone check (no lockout, not already rejected), state read and written
 -- here (see ALONE in fixed_window.lua).
 ALONE[4] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
