@@ -90,7 +90,8 @@ pub struct MemoryStoreStats {
 struct Shard {
     keys: HashMap<u64, KeyState, Fingerprint>,
     logs: HashMap<u64, LogState, Fingerprint>,
-    windows: HashMap<u64, WindowState, Fingerprint>,
+    /// Boxed: the table's spare capacity then costs a pointer per slot, not a state.
+    windows: HashMap<u64, Box<WindowState>, Fingerprint>,
     blocks: HashMap<u64, Nanos, Fingerprint>,
     sweep_at: usize,
     /// The latest "now" a decision in this shard was made at (see `monotonic`).
@@ -114,7 +115,7 @@ impl State for LogState {
     }
 }
 
-impl State for WindowState {
+impl State for Box<WindowState> {
     fn is_fresh(&self, now: Nanos) -> bool {
         WindowState::is_fresh(self, now)
     }
@@ -446,7 +447,7 @@ impl Undo {
         let saved = match kind {
             StateKind::Key => Saved::Key(shard.keys.get(&fp).copied()),
             StateKind::Log => Saved::Log(shard.logs.get(&fp).cloned()),
-            StateKind::Window => Saved::Window(shard.windows.get(&fp).map(|s| Box::new(*s))),
+            StateKind::Window => Saved::Window(shard.windows.get(&fp).cloned()),
         };
         Self { fp, saved }
     }
@@ -461,7 +462,7 @@ impl Undo {
         match self.saved {
             Saved::Key(s) => put(&mut shard.keys, self.fp, s),
             Saved::Log(s) => put(&mut shard.logs, self.fp, s),
-            Saved::Window(s) => put(&mut shard.windows, self.fp, s.map(|s| *s)),
+            Saved::Window(s) => put(&mut shard.windows, self.fp, s),
         }
     }
 }
