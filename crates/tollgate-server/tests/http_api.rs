@@ -78,11 +78,11 @@ async fn v1_check_refuses_malformed_input_with_a_reason() {
         (r#"{"domain":"api"}"#, "`descriptors` is missing"),
         (
             r#"{"domain":"","descriptors":[{"user":"a"}]}"#,
-            "the domain is empty",
+            "rate limit domain must not be empty",
         ),
         (
             r#"{"domain":"api","descriptors":[]}"#,
-            "the request has no descriptors",
+            "rate limit descriptor list must not be empty",
         ),
         (
             r#"{"domain":"api","descriptors":[{"":"x"}]}"#,

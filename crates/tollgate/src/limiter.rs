@@ -221,23 +221,22 @@ impl RateLimitRequest {
         }
     }
 
-    /// Checks what every front end must refuse: an empty domain, no descriptors, a
-    /// descriptor without entries, an entry with an empty key.
+    /// Checks what every front end must refuse: an empty domain, no descriptors (with
+    /// Envoy's service's words), an entry with an empty key. A descriptor without entries
+    /// is not refused: no rule matches it, and it is answered OK with no limit, as Envoy's
+    /// service answers it.
     pub fn validate(&self) -> Result<(), Error> {
         if self.domain.is_empty() {
-            return Err(Error::InvalidRequest("the domain is empty".into()));
+            return Err(Error::InvalidRequest(
+                "rate limit domain must not be empty".into(),
+            ));
         }
         if self.descriptors.is_empty() {
             return Err(Error::InvalidRequest(
-                "the request has no descriptors".into(),
+                "rate limit descriptor list must not be empty".into(),
             ));
         }
         for (i, d) in self.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(Error::InvalidRequest(format!(
-                    "descriptor {i} has no entries"
-                )));
-            }
             if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
                 return Err(Error::InvalidRequest(format!(
                     "descriptor {i}, entry {j} has an empty key"

@@ -508,25 +508,20 @@ descriptors:
     fn malformed_requests_are_refused_with_a_reason() {
         let (l, _) = limiter("domain: d\n");
         let cases = [
-            (req("", &[("k", "v")]), "the domain is empty"),
+            (
+                req("", &[("k", "v")]),
+                "rate limit domain must not be empty",
+            ),
             (
                 RateLimitRequest {
                     domain: "d".into(),
                     ..Default::default()
                 },
-                "the request has no descriptors",
+                "rate limit descriptor list must not be empty",
             ),
             (
                 req("d", &[("", "v")]),
                 "descriptor 0, entry 0 has an empty key",
-            ),
-            (
-                RateLimitRequest {
-                    domain: "d".into(),
-                    descriptors: vec![Descriptor::default()],
-                    hits_addend: 0,
-                },
-                "descriptor 0 has no entries",
             ),
         ];
         for (r, why) in cases {
@@ -535,6 +530,26 @@ descriptors:
                 format!("invalid request: {why}")
             );
         }
+    }
+
+    #[test]
+    fn a_descriptor_without_entries_is_ok_with_no_limit() {
+        // As Envoy's service answers it; beside a limited descriptor, which is charged.
+        let (l, _) =
+            limiter("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n");
+        let r = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![
+                Descriptor::default(),
+                req("d", &[("k", "v")]).descriptors[0].clone(),
+            ],
+            hits_addend: 0,
+        };
+        let answer = l.check_now(&r).unwrap();
+        assert_eq!(answer.overall, Code::Ok);
+        assert_eq!(answer.statuses[0].limit, None);
+        assert_eq!(answer.statuses[0].code, Code::Ok);
+        assert_eq!(answer.statuses[1].remaining, 1);
     }
 
     #[test]

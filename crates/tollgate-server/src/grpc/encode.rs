@@ -10,7 +10,6 @@
 //!
 //! [`rls::to_wire`]: crate::grpc::rls::to_wire
 
-use tollgate::clock::NANOS_PER_SEC;
 use tollgate::http::headers::{headers, problem_body, HeaderSettings};
 use tollgate::limiter::{Code, DescriptorStatus, RateLimitResponse};
 
@@ -113,10 +112,11 @@ impl<'a> WireStatus<'a> {
                 )
             }),
             remaining: u64::from(u32::try_from(s.remaining).unwrap_or(u32::MAX)),
+            // Whole seconds, rounded up (see `rls::to_wire_with`).
             reset: s.limit.as_ref().map(|_| {
                 (
-                    i64::try_from(s.reset_after / NANOS_PER_SEC).unwrap_or(i64::MAX) as u64,
-                    int32((s.reset_after % NANOS_PER_SEC) as i32),
+                    i64::try_from(s.reset_after_secs()).unwrap_or(i64::MAX) as u64,
+                    0,
                 )
             }),
         }

@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest as WireRequest, RateLimitResponse as WireResponse,
 };
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
-use tollgate::clock::NANOS_PER_SEC;
 use tollgate::limiter::{
     self, Code, Descriptor, LimitOverride, RateLimitRequest, RateLimitResponse,
 };
@@ -222,9 +221,11 @@ pub fn to_wire_with(response: &RateLimitResponse, settings: HeaderSettings) -> W
                 unit: unit_to_wire(l.unit) as i32,
             }),
             limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+            // Whole seconds, rounded up, as Envoy's service sends them (`unit - now % unit`
+            // on whole-second time); the headers keep the exact value.
             duration_until_reset: s.limit.as_ref().map(|_| WireDuration {
-                seconds: i64::try_from(s.reset_after / NANOS_PER_SEC).unwrap_or(i64::MAX),
-                nanos: (s.reset_after % NANOS_PER_SEC) as i32,
+                seconds: i64::try_from(s.reset_after_secs()).unwrap_or(i64::MAX),
+                nanos: 0,
             }),
             quota: None,
         })

@@ -212,7 +212,9 @@ def away_from_window_end(window_seconds, margin=5):
 def test_a_user_counts_down_to_zero_then_is_over_the_limit(stub):
     away_from_window_end(60)
     for expected_remaining in (2, 1, 0):
+        before = time.time()
         response = check(stub, [("user", "alice")])
+        after = time.time()
         assert response.overall_code == OK
         assert len(response.statuses) == 1
         status = response.statuses[0]
@@ -221,7 +223,10 @@ def test_a_user_counts_down_to_zero_then_is_over_the_limit(stub):
         assert status.current_limit.requests_per_unit == 3
         assert status.current_limit.unit == MINUTE
         assert status.current_limit.name == "per_user"
-        assert 1 <= status.duration_until_reset.seconds <= 60
+        # Whole seconds, as Envoy's service sends them: 60 - now % 60 on whole seconds.
+        assert status.duration_until_reset.nanos == 0
+        reset = status.duration_until_reset.seconds
+        assert 60 - int(after) % 60 <= reset <= 60 - int(before) % 60, (before, after, reset)
 
     response = check(stub, [("user", "alice")])
     assert response.overall_code == OVER_LIMIT
@@ -313,11 +318,12 @@ def test_malformed_requests_are_invalid_arguments_and_the_server_keeps_serving(s
     with pytest.raises(grpc.RpcError) as error:
         check(stub, [("user", "erin")], domain="")
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "domain" in error.value.details()
+    assert error.value.details() == "rate limit domain must not be empty"
 
     with pytest.raises(grpc.RpcError) as error:
         check(stub)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "rate limit descriptor list must not be empty"
 
     with pytest.raises(grpc.RpcError) as error:
         check(stub, [("", "erin")])
@@ -404,3 +410,13 @@ def test_many_calls_in_flight_on_one_connection_each_get_their_own_answer(stub):
             assert response.statuses[0].limit_remaining == 3 - charged
         else:
             assert response.overall_code == OVER_LIMIT
+
+
+def test_a_descriptor_without_entries_is_ok_with_no_limit(stub):
+    # As Envoy's service answers it: no rule matches an empty descriptor.
+    response = check(stub, [])
+    assert response.overall_code == OK
+    assert len(response.statuses) == 1
+    assert response.statuses[0].code == OK
+    assert not response.statuses[0].HasField("current_limit")
+    assert response.statuses[0].limit_remaining == 0
