@@ -54,7 +54,8 @@ pub struct RateLimitRequest {
 pub struct Descriptor {
     /// The (key, value) entries, outermost first.
     pub entries: Vec<(String, String)>,
-    /// Replaces the configured numbers for this request (the counter stays the same).
+    /// Replaces the configured numbers for this request: the rule's counter when the unit is
+    /// the rule's, else a counter of this descriptor and unit (as Envoy's service counts).
     pub limit: Option<LimitOverride>,
     /// This descriptor's cost; overrides the request's. `Some(0)` checks without charging.
     pub hits_addend: Option<u64>,
@@ -674,11 +675,13 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> 
 }
 
 fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<RuleLimit> {
+    // A counter per descriptor and unit, as Envoy's service keys them.
     let mut h = DefaultHasher::new();
     (
         &*domain.name,
         "override",
         d.entries.iter().map(|e| &e.0).collect::<Vec<_>>(),
+        o.unit,
     )
         .hash(&mut h);
     RuleLimit::fixed_window(o.requests_per_unit, o.unit, h.finish(), domain.failure_mode)

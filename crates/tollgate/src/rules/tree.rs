@@ -115,16 +115,23 @@ pub struct RuleLimit {
 }
 
 impl RuleLimit {
-    /// The limit's numbers replaced by a request's override, keeping its identity,
-    /// algorithm and extensions.
+    /// The limit's numbers replaced by a request's override, keeping its algorithm and
+    /// extensions, and its counter when the override keeps its unit (another unit counts
+    /// on a counter of its own, per descriptor and unit, as Envoy's service counts).
     pub fn with_override(&self, requests_per_unit: u64, unit: Unit) -> Option<RuleLimit> {
-        let limit = self
-            .spec
-            .build(requests_per_unit, unit, self.limit.id())
-            .ok()?;
+        // Envoy's service keys a counter by descriptor and window: an override in the
+        // rule's own unit counts on the rule's counter, one in another unit on its own.
+        let id = if unit == self.unit {
+            self.limit.id()
+        } else {
+            let mut h = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&(self.limit.id(), "unit", unit), &mut h);
+            std::hash::Hasher::finish(&h)
+        };
+        let limit = self.spec.build(requests_per_unit, unit, id).ok()?;
         let fallback = self
             .spec
-            .build_divided(requests_per_unit, unit, self.limit.id(), self.divisor)
+            .build_divided(requests_per_unit, unit, id, self.divisor)
             .ok()?;
         Some(RuleLimit {
             requests_per_unit,
