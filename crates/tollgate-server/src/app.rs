@@ -140,6 +140,8 @@ pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
         .with_fallback(MemoryStore::builder().max_keys(args.max_keys).build())
         .with_settings(Settings {
             global_shadow_mode: shadow_mode,
+            global_quota_mode: args.quota_mode,
+            charge_rejected: args.charge_rejected,
         });
     Some(Core {
         rules,

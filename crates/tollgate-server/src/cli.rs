@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio_rustls::TlsAcceptor;
-use tollgate::store::RedisTls;
+use tollgate::store::{ChargeRejected, RedisTls};
 
 /// Tollgate: an exact, fast rate limiter.
 ///
@@ -270,6 +270,17 @@ pub struct CommonArgs {
     /// Let several rule files define the same domain.
     #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
     pub merge_domains: bool,
+    /// Whether a rejected request is charged, where the rule files do not say
+    /// (`charge_rejected`): `none` (all or nothing), `over_limit` (the descriptors over
+    /// their limit are charged anyway: envoyproxy/ratelimit with
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`), `all` (every descriptor is
+    /// charged: envoyproxy/ratelimit's default).
+    #[arg(long, env = "TOLLGATE_CHARGE_REJECTED", default_value = "none", value_parser = parse_charge_rejected)]
+    pub charge_rejected: ChargeRejected,
+    /// Every descriptor in quota mode, as if each rule said `quota_mode: true`: the
+    /// request is OVER_LIMIT only when every descriptor is over its limit.
+    #[arg(long, env = "TOLLGATE_QUOTA_MODE")]
+    pub quota_mode: bool,
     /// Also add the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` headers.
     #[arg(long, env = "TOLLGATE_LEGACY_HEADERS")]
     pub legacy_headers: bool,
@@ -395,4 +406,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => Ok(Duration::from_secs(n * 60)),
         _ => Err(format!("`{s}` is not a duration like 10s or 500ms")),
     }
+}
+
+/// `--charge-rejected`: `none`, `over_limit` or `all`.
+fn parse_charge_rejected(text: &str) -> Result<ChargeRejected, String> {
+    ChargeRejected::from_name(text)
+        .ok_or_else(|| format!("`{text}` is not none, over_limit or all"))
 }

@@ -415,6 +415,8 @@ mod tests {
             }),
             from_cache: false,
             failure_mode: None,
+            quota: false,
+            metadata: None,
         };
         let response = RateLimitResponse {
             overall: code,

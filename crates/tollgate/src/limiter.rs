@@ -35,8 +35,9 @@ use std::task::{Context, Poll, Waker};
 
 use crate::clock::{Clock, Nanos, SystemClock, NANOS_PER_SEC};
 use crate::decision::{Decision, NEVER};
+use crate::rules::Metadata;
 use crate::rules::{Domain, FailureMode, Rule, RuleLimit, Rules, Unit};
-use crate::store::{self, Check, MemoryStore, Store};
+use crate::store::{self, ChargeRejected, Check, MemoryStore, Store};
 
 /// A request: a domain and descriptors, each a list of (key, value) entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -141,6 +142,11 @@ pub struct DescriptorStatus {
     pub from_cache: bool,
     /// Set when the store failed and this status comes from the rule's failure mode.
     pub failure_mode: Option<FailureMode>,
+    /// Quota mode: over its limit, this descriptor alone does not make the request
+    /// OVER_LIMIT (only every quota-mode descriptor over together does).
+    pub quota: bool,
+    /// The matched rule's `metadata`, for the response's dynamic metadata.
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 impl DescriptorStatus {
@@ -158,6 +164,8 @@ impl DescriptorStatus {
             metric: None,
             from_cache: false,
             failure_mode: None,
+            quota: false,
+            metadata: None,
         }
     }
 
@@ -189,6 +197,11 @@ pub enum Error {
 pub struct Settings {
     /// Global shadow mode: statuses are reported as they are, but the overall answer is OK.
     pub global_shadow_mode: bool,
+    /// Every descriptor in quota mode, as if each rule said `quota_mode: true`.
+    pub global_quota_mode: bool,
+    /// Whether a rejected request is charged, where the rule file does not say
+    /// (`charge_rejected`; `None`, all or nothing, by default).
+    pub charge_rejected: ChargeRejected,
 }
 
 /// Rules + store → decisions.
@@ -273,6 +286,8 @@ struct Run<'r> {
     limit: Cow<'r, RuleLimit>,
     cost: u64,
     shadow: bool,
+    quota: bool,
+    charge: ChargeRejected,
 }
 
 impl Plan<'_> {
@@ -287,6 +302,8 @@ impl Plan<'_> {
                 },
                 cost: r.cost,
                 shadow: r.shadow,
+                quota: r.quota,
+                charge: r.charge,
             })
             .collect()
     }
@@ -356,7 +373,7 @@ impl<S: Store> Limiter<S> {
         request.validate()?;
         let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
-        let plan = plan(domain, request);
+        let plan = plan(domain, request, self.settings);
         let override_keys = override_keys(&plan, request);
         let checks = plan.checks(&override_keys);
         if checks.is_empty() {
@@ -461,7 +478,11 @@ impl<S: Store> Limiter<S> {
                 }
             })
             .collect();
-        let over = statuses.iter().any(|s| s.code == Code::OverLimit);
+        // Quota-mode descriptors over their limit reject the request only all together.
+        let over_limit = |s: &&DescriptorStatus| s.code == Code::OverLimit;
+        let quota: Vec<&DescriptorStatus> = statuses.iter().filter(|s| s.quota).collect();
+        let over = statuses.iter().filter(|s| !s.quota).any(|s| over_limit(&s))
+            || (!quota.is_empty() && quota.iter().all(over_limit));
         RateLimitResponse {
             overall: if over && !self.settings.global_shadow_mode {
                 Code::OverLimit
@@ -555,6 +576,7 @@ fn static_status(
     let mut status = DescriptorStatus::unlimited_by_rules();
     if let (Some(domain), Some(rule)) = (domain, rule) {
         status.metric = Some(metric_key(domain, rule, entries));
+        status.metadata = rule.metadata.clone();
         if rule.unlimited {
             status.remaining = u64::from(u32::MAX);
         }
@@ -573,18 +595,20 @@ fn decided_status(
     // Soft throttling: the store enforces requests_per_unit plus the overage; report
     // remaining against requests_per_unit and flag the overage.
     let overage = l.hard_limit().saturating_sub(l.requests_per_unit);
+    let over = !d.allowed && !run.shadow;
     DescriptorStatus {
-        code: if d.allowed || run.shadow {
-            Code::Ok
-        } else {
-            Code::OverLimit
-        },
+        code: if over { Code::OverLimit } else { Code::Ok },
         limit: Some(ReportedLimit {
             name: l.name.clone(),
             requests_per_unit: l.requests_per_unit,
             unit: l.unit,
         }),
-        remaining: d.remaining.saturating_sub(overage),
+        // A rejection that charges anyway reports nothing left, as Envoy's service does.
+        remaining: if over && run.charge.when_over() {
+            0
+        } else {
+            d.remaining.saturating_sub(overage)
+        },
         reset_after: d.reset_after,
         retry_after: if d.allowed { 0 } else { d.retry_after },
         delay: d.delay,
@@ -593,6 +617,8 @@ fn decided_status(
         would_reject: run.shadow && !d.allowed,
         from_cache: d.from_cache,
         failure_mode: None,
+        quota: run.quota,
+        metadata: rule.and_then(|r| r.metadata.clone()),
         metric: match (domain, rule) {
             (Some(dom), Some(rule)) => Some(metric_key(dom, rule, entries)),
             (Some(dom), None) => Some(MetricKey {
@@ -606,7 +632,11 @@ fn decided_status(
 
 /// Works out which limits to run: matching (once per descriptor), `unlimited`,
 /// overrides and `replaces`.
-fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> {
+fn plan<'r>(
+    domain: Option<&'r Domain>,
+    request: &RateLimitRequest,
+    settings: Settings,
+) -> Plan<'r> {
     let mut plan = Plan {
         matched: Vec::with_capacity(request.descriptors.len()),
         runs: Vec::new(),
@@ -622,6 +652,11 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> 
         plan.matched
             .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
         let shadow = rule.is_some_and(|r| r.shadow_mode);
+        let quota = settings.global_quota_mode || rule.is_some_and(|r| r.quota_mode);
+        let charge = rule
+            .and_then(|r| r.charge_rejected)
+            .or(domain.charge_rejected)
+            .unwrap_or(settings.charge_rejected);
         match (rule, d.limit) {
             (Some(r), _) if r.unlimited => {}
             (Some(r), Some(o)) => {
@@ -635,6 +670,8 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> 
                         limit: Cow::Owned(limit),
                         cost,
                         shadow,
+                        quota,
+                        charge,
                     });
                 }
             }
@@ -645,6 +682,8 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> 
                         limit: Cow::Borrowed(l),
                         cost,
                         shadow,
+                        quota,
+                        charge,
                     });
                 }
             }
@@ -656,6 +695,8 @@ fn plan<'r>(domain: Option<&'r Domain>, request: &RateLimitRequest) -> Plan<'r> 
                         limit: Cow::Owned(limit),
                         cost,
                         shadow: false,
+                        quota,
+                        charge,
                     });
                 }
             }

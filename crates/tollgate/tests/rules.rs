@@ -485,6 +485,7 @@ descriptors:
             .with_clock(Arc::new(clock))
             .with_settings(Settings {
                 global_shadow_mode: true,
+                ..Settings::default()
             });
         l.check_now(&req("g", &[("k", "v")])).unwrap();
         let r = l.check_now(&req("g", &[("k", "v")])).unwrap();

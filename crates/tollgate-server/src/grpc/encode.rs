@@ -258,6 +258,8 @@ mod tests {
                     }),
                     from_cache: false,
                     failure_mode: None,
+                    quota: false,
+                    metadata: None,
                 }
             })
     }

@@ -35,6 +35,9 @@ use super::KeyState;
 use crate::clock::{nanos, Nanos};
 use crate::decision::{Decision, NEVER};
 
+/// Where charges past the limit stop counting (the Redis scripts' numbers stay exact).
+pub(crate) const CHARGED_MAX: u64 = 1 << 51;
+
 /// Fixed-window parameters: `limit` per `window`, windows aligned to the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
@@ -51,6 +54,25 @@ impl FixedWindow {
             limit,
             window: nanos(window),
         }
+    }
+
+    /// Charges `cost` at `now` whether it fits or not (`charge_rejected`): the window's
+    /// count may then pass `limit` (up to 2^51), and nothing more passes until the window
+    /// ends.
+    pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        let window = self.window.max(1);
+        let (end, count) = if state.expires_at > now {
+            (state.expires_at, state.word)
+        } else {
+            ((now - now % window).saturating_add(window), 0)
+        };
+        *state = KeyState {
+            expires_at: end,
+            word: count.saturating_add(cost).min(CHARGED_MAX.max(self.limit)),
+        };
     }
 
     /// Decides a request of `cost` at `now`, charging `state` if it passes.

@@ -67,6 +67,17 @@ impl Gcra {
         self
     }
 
+    /// Charges `cost` at `now` whether it conforms or not (`charge_rejected`): the
+    /// theoretical arrival time moves past the tolerance (at most one tolerance past), and
+    /// nothing conforms until now has caught up with it.
+    pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
+        if cost == 0 || self.limit == 0 {
+            return;
+        }
+        let w = self.window.max(1) as u128;
+        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+    }
+
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, window) = (self.limit, self.window.max(1) as u128);

@@ -76,6 +76,17 @@ impl LeakyBucket {
         self
     }
 
+    /// Pours `cost` in at `now` whether it fits or not (`charge_rejected`): the level
+    /// rises past the bucket's size (to at most twice it), and nothing fits until it has
+    /// drained below again.
+    pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
+        if cost == 0 || self.limit == 0 {
+            return;
+        }
+        let w = self.window.max(1) as u128;
+        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+    }
+
     /// Decides a request of `cost` at `now`, filling `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, w) = (self.limit, self.window.max(1));

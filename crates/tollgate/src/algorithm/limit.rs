@@ -133,6 +133,33 @@ impl Limit {
         self.algorithm.window()
     }
 
+    /// Charges `cost` at `now` to a [`KeyState`] whether it fits or not (the rule file's
+    /// `charge_rejected`); nothing for the sliding log and window (see
+    /// [`charge_log`](Self::charge_log), [`charge_window`](Self::charge_window)).
+    pub fn charge_key(&self, state: &mut KeyState, now: Nanos, cost: u64) {
+        match &self.algorithm {
+            Algorithm::FixedWindow(a) => a.charge(state, now, cost),
+            Algorithm::TokenBucket(a) => a.charge(state, now, cost),
+            Algorithm::Gcra(a) => a.charge(state, now, cost),
+            Algorithm::LeakyBucket(a) => a.charge(state, now, cost),
+            Algorithm::SlidingLog(_) | Algorithm::SlidingWindow(_) => {}
+        }
+    }
+
+    /// Charges `cost` at `now` to a sliding log's state whether it fits or not.
+    pub fn charge_log(&self, state: &mut LogState, now: Nanos, cost: u64) {
+        if let Algorithm::SlidingLog(a) = &self.algorithm {
+            a.charge(state, now, cost);
+        }
+    }
+
+    /// Charges `cost` at `now` to a sliding window's state whether it fits or not.
+    pub fn charge_window(&self, state: &mut WindowState, now: Nanos, cost: u64) {
+        if let Algorithm::SlidingWindow(a) = &self.algorithm {
+            a.charge(state, now, cost);
+        }
+    }
+
     /// The shape of the per-key state the algorithm keeps.
     pub fn state_kind(&self) -> StateKind {
         match self.algorithm {

@@ -88,6 +88,24 @@ impl SlidingLog {
         }
     }
 
+    /// Logs a request of `cost` at `now` whether it fits or not (`charge_rejected`): the
+    /// log may then hold more than `limit`, and later requests wait for it to drain.
+    pub fn charge(&self, state: &mut LogState, now: Nanos, cost: u64) {
+        // The log's total stops at 2^51 (the Redis scripts' numbers stay exact).
+        let most = super::fixed_window::CHARGED_MAX.max(self.limit);
+        let cost = cost.min(most.saturating_sub(state.used));
+        if cost == 0 {
+            return;
+        }
+        let now = now.max(state.entries.back().map_or(0, |e| e.0));
+        match state.entries.back_mut() {
+            Some(last) if last.0 == now => last.1 = last.1.saturating_add(cost),
+            _ => state.entries.push_back((now, cost)),
+        }
+        state.used = state.used.saturating_add(cost);
+        state.expires_at = now.saturating_add(self.window.max(1));
+    }
+
     /// Decides a request of `cost` at `now`, logging it if it passes.
     pub fn check(&self, state: &mut LogState, now: Nanos, cost: u64) -> Decision {
         let w = self.window.max(1);

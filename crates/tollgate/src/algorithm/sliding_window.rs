@@ -133,6 +133,23 @@ impl SlidingWindow {
         }
     }
 
+    /// Charges `cost` at `now` whether it fits or not (`charge_rejected`): the window's
+    /// count and its sub-window's may then pass `limit` (counts saturate at `u32::MAX`).
+    pub fn charge(&self, state: &mut WindowState, now: Nanos, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        let w = self.window.max(1);
+        let (end, previous, current) = self.counts(state, now, w);
+        let b = sub_len(w);
+        state.end = end;
+        state.previous = previous as u32;
+        state.current = saturate(current + cost);
+        charge_ring(state, now, b, cost);
+        let newest_leaves = last_instant(state, 0, b).map_or(0, |l| l.saturating_add(w));
+        state.expires_at = end.saturating_add(w).max(newest_leaves);
+    }
+
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut WindowState, now: Nanos, cost: u64) -> Decision {
         let w = self.window.max(1);
@@ -149,7 +166,7 @@ impl SlidingWindow {
             if cost > 0 {
                 state.end = end;
                 state.previous = previous as u32;
-                state.current = (current + cost) as u32;
+                state.current = saturate(current + cost);
                 charge_ring(state, now, b, cost);
                 // The current count lasts one window past its own; the newest
                 // sub-window until its last admission leaves.
@@ -322,7 +339,7 @@ fn charge_ring(state: &mut WindowState, now: Nanos, b: Nanos, cost: u64) {
             state.newest += steps as u64 * b;
         }
     }
-    state.counts[0] = (u64::from(state.counts[0]) + cost) as u32;
+    state.counts[0] = saturate(u64::from(state.counts[0]) + cost);
     // A clock that stepped back into an earlier sub-window charges the newest one and
     // leaves its last admission where it is.
     if let Some(offset) = now.checked_sub(state.newest) {
@@ -330,6 +347,11 @@ fn charge_ring(state: &mut WindowState, now: Nanos, b: Nanos, cost: u64) {
         let q = offset.div_ceil(unit(b)).min(UNITS);
         state.lasts[0] = state.lasts[0].max(q as u32);
     }
+}
+
+/// A count as stored: at most `u32::MAX` (only a charge past the limit can reach it).
+fn saturate(count: u64) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// `floor(count × part / w)`.

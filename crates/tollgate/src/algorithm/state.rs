@@ -68,6 +68,23 @@ impl KeyState {
         }
     }
 
+    /// The instant after a charge the bucket could not hold (`charge_rejected`):
+    /// `max(stored, now) + delta / rate`, but at most `now + 2 × capacity / rate` (a bucket
+    /// owes at most one bucket, and the scripts' arithmetic stays exact).
+    pub(crate) fn charged(&self, now: Nanos, rate: u64, delta: u128, capacity: u128) -> KeyState {
+        let charged = self.at_least(now, rate).advanced(delta, rate);
+        let most = KeyState {
+            expires_at: now,
+            word: 0,
+        }
+        .advanced(2 * capacity, rate);
+        if charged.scaled_instant(rate) > most.scaled_instant(rate) {
+            most
+        } else {
+            charged
+        }
+    }
+
     /// This exact instant moved later by `delta / rate` ns, without dividing the whole
     /// (u128) instant: only `delta`, which is small, is divided.
     pub(crate) fn advanced(&self, delta: u128, rate: u64) -> KeyState {

@@ -65,6 +65,18 @@ impl TokenBucket {
         self
     }
 
+    /// Takes `cost` tokens at `now` whether the bucket holds them or not
+    /// (`charge_rejected`): what it lacks is a debt, and the bucket stays empty until it
+    /// has refilled past it. It owes at most one bucket: an empty bucket refills in full
+    /// at most two `burst`'s refill times later.
+    pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
+        if cost == 0 || self.limit == 0 {
+            return;
+        }
+        let w = self.window.max(1) as u128;
+        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+    }
+
     /// Decides a request of `cost` at `now`, taking tokens from `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (limit, w) = (self.limit, self.window.max(1));
@@ -73,8 +85,9 @@ impl TokenBucket {
         }
         let t = now as u128 * limit as u128;
         let capacity = self.burst as u128 * w as u128;
-        let missing = state.scaled_instant(limit).saturating_sub(t).min(capacity);
-        let tokens = capacity - missing;
+        // Beyond the capacity only after a charge the bucket could not hold (a debt).
+        let owed = state.scaled_instant(limit).saturating_sub(t);
+        let tokens = capacity - owed.min(capacity);
         let need = cost as u128 * w as u128;
         if need <= tokens {
             let left = tokens - need;
@@ -89,12 +102,14 @@ impl TokenBucket {
         let retry = if cost > self.burst {
             NEVER
         } else {
-            ceil_div_nanos(need - tokens, limit)
+            // Until `owed` has fallen to `capacity - need`: `need - tokens` in a bucket
+            // holding no debt.
+            ceil_div_nanos(need + owed - capacity, limit)
         };
         Decision::reject(
             limit,
             floor_div(tokens, w),
-            ceil_div_nanos(missing, limit),
+            ceil_div_nanos(owed, limit),
             retry,
         )
     }

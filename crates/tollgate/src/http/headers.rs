@@ -280,6 +280,8 @@ mod tests {
             }),
             from_cache: false,
             failure_mode: None,
+            quota: false,
+            metadata: None,
         }
     }
 

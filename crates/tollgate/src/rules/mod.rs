@@ -48,6 +48,7 @@
 mod error;
 mod failure;
 mod load;
+mod metadata;
 mod reload;
 mod tree;
 mod unit;
@@ -58,6 +59,7 @@ mod yaml;
 pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
 pub use load::{from_str, load, rule_files, LoadOptions};
+pub use metadata::Metadata;
 pub use reload::{summary, BeforeSwap, ReloadOutcome, Rules};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;

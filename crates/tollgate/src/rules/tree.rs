@@ -53,6 +53,9 @@ pub struct Domain {
     pub files: Vec<String>,
     /// The domain's failure mode (top-level `failure_mode`), for limits that match no rule.
     pub failure_mode: super::FailureMode,
+    /// The domain's `charge_rejected` (top level), for limits that match no rule; `None`
+    /// when the file does not say (the limiter's default applies).
+    pub charge_rejected: Option<crate::store::ChargeRejected>,
     pub(crate) rules: Vec<Rule>,
     pub(crate) root: Level,
 }
@@ -84,10 +87,17 @@ pub struct Rule {
     pub value_to_metric: bool,
     /// All values matching this wildcard share one counter.
     pub share_threshold: bool,
-    /// Accepted for compatibility; see the module documentation.
+    /// Quota mode: over its limit, the rule alone does not make the request OVER_LIMIT
+    /// (see [`Check::quota`](crate::store::Check)).
     pub quota_mode: bool,
     /// What its limits answer when the store fails (own, inherited, or the domain's).
     pub failure_mode: super::FailureMode,
+    /// Whether its limits charge a rejected request (own, inherited, or the domain's);
+    /// `None` when the file does not say (the limiter's default applies).
+    pub charge_rejected: Option<crate::store::ChargeRejected>,
+    /// The descriptor's `metadata`, sent back with the response's dynamic metadata when
+    /// the descriptor passes.
+    pub metadata: Option<Arc<super::Metadata>>,
     pub(crate) parent: Option<RuleId>,
     pub(crate) children: Level,
 }

@@ -9,12 +9,14 @@ use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoaderOptions, Node, Span};
 
 use super::error::ConfigError;
+use super::metadata::Metadata;
 use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
 use super::{FailureMode, Unit};
 use crate::algorithm::{
     Algorithm, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit, SlidingLog,
     SlidingWindow, TokenBucket,
 };
+use crate::store::ChargeRejected;
 
 /// The algorithm-related settings of one limit, kept so that a request's override of
 /// the numbers can be built with the same algorithm and extensions.
@@ -200,10 +202,12 @@ impl<'a> Reader<'a> {
                 "http",
                 "failure_mode",
                 "local_fallback_divisor",
+                "charge_rejected",
             ],
             "the top level",
         );
         let failure = self.failure_mode(top);
+        let charge = self.charge_rejected(top);
         let domain = match top
             .get_scalar("domain")
             .map(|s| s.as_str().trim().to_string())
@@ -235,6 +239,7 @@ impl<'a> Reader<'a> {
             file: self.file.to_string(),
             span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
             failure,
+            charge,
             descriptors,
         })
     }
@@ -327,10 +332,21 @@ impl<'a> Reader<'a> {
                 "descriptors",
                 "failure_mode",
                 "local_fallback_divisor",
+                "charge_rejected",
             ],
             "a descriptor",
         );
         let failure = self.failure_mode(map);
+        let charge = self.charge_rejected(map);
+        let metadata = match map.get_node("metadata") {
+            Some(n) if !n.as_scalar().is_some_and(is_null) => {
+                if n.as_mapping().is_none() {
+                    self.error(n.span(), "`metadata` must be a mapping");
+                }
+                Some(Metadata::from_node(n))
+            }
+            _ => None,
+        };
         let key = match map.get_node("key") {
             None => {
                 self.error(&Self::start(map), "a descriptor needs a `key`");
@@ -422,8 +438,28 @@ impl<'a> Reader<'a> {
             share_threshold,
             quota_mode,
             failure,
+            charge,
+            metadata,
             children,
         })
+    }
+
+    /// `charge_rejected` of a domain or descriptor: `none`, `over_limit` or `all`.
+    fn charge_rejected(&mut self, map: &MarkedMappingNode) -> Option<ChargeRejected> {
+        let node = map.get_node("charge_rejected")?;
+        if node.as_scalar().is_some_and(is_null) {
+            return None;
+        }
+        let mode = node
+            .as_scalar()
+            .and_then(|s| ChargeRejected::from_name(s.as_str()));
+        if mode.is_none() {
+            self.error(
+                node.span(),
+                "`charge_rejected` must be none, over_limit or all",
+            );
+        }
+        mode
     }
 
     /// `failure_mode` (and `local_fallback_divisor`) of a domain or descriptor.
@@ -739,6 +775,7 @@ pub(crate) struct DraftDomain {
     pub(crate) file: String,
     pub(crate) span: Span,
     pub(crate) failure: Option<FailureMode>,
+    pub(crate) charge: Option<ChargeRejected>,
     pub(crate) descriptors: Vec<DraftRule>,
 }
 
@@ -769,6 +806,8 @@ pub(crate) struct DraftRule {
     share_threshold: bool,
     quota_mode: bool,
     failure: Option<FailureMode>,
+    charge: Option<ChargeRejected>,
+    metadata: Option<Metadata>,
     children: Vec<DraftRule>,
 }
 
@@ -802,9 +841,10 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
     };
     let mut root = Level::default();
     let failure_mode = drafts.iter().find_map(|d| d.failure).unwrap_or_default();
+    let charge_rejected = drafts.iter().find_map(|d| d.charge);
     for draft in drafts {
         let file = draft.file;
-        let inherited = draft.failure.unwrap_or_default();
+        let inherited = (draft.failure.unwrap_or_default(), draft.charge);
         c.level(&file, &mut root, draft.descriptors, None, "", inherited);
     }
     let Compiler {
@@ -829,6 +869,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         name: name.into(),
         files,
         failure_mode,
+        charge_rejected,
         rules,
         root,
     })
@@ -850,10 +891,11 @@ impl Compiler<'_> {
         drafts: Vec<DraftRule>,
         parent: Option<RuleId>,
         path: &str,
-        inherited: FailureMode,
+        inherited: (FailureMode, Option<ChargeRejected>),
     ) {
         for d in drafts {
-            let failure_mode = d.failure.unwrap_or(inherited);
+            let failure_mode = d.failure.unwrap_or(inherited.0);
+            let charge_rejected = d.charge.or(inherited.1);
             let divisor = match failure_mode {
                 FailureMode::LocalFallback { divisor } => divisor,
                 _ => 1,
@@ -954,6 +996,8 @@ impl Compiler<'_> {
                 share_threshold: d.share_threshold,
                 quota_mode: d.quota_mode,
                 failure_mode,
+                charge_rejected,
+                metadata: d.metadata.map(std::sync::Arc::new),
                 parent,
                 children: Level::default(),
             });
@@ -964,7 +1008,7 @@ impl Compiler<'_> {
                 d.children,
                 Some(id),
                 &stat_path,
-                failure_mode,
+                (failure_mode, charge_rejected),
             );
             self.rules[id].children = children;
         }

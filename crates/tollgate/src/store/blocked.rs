@@ -72,7 +72,7 @@ impl BlockedCache {
 
     /// The local rejection for `check` at `now`, if its key is known to be blocked.
     pub fn lookup(&self, check: &Check<'_>, now: Nanos) -> Option<Decision> {
-        if check.shadow || check.cost == 0 {
+        if !cacheable(check) || check.cost == 0 {
             return None;
         }
         let fp = self.fingerprint(check);
@@ -92,7 +92,7 @@ impl BlockedCache {
 
     /// Remembers a rejection the store decided at `now`.
     pub fn remember(&self, check: &Check<'_>, d: &Decision, now: Nanos) {
-        if d.allowed || check.shadow || d.can_never_pass() || d.retry_after == 0 {
+        if d.allowed || !cacheable(check) || d.can_never_pass() || d.retry_after == 0 {
             return;
         }
         let fp = self.fingerprint(check);
@@ -122,6 +122,13 @@ impl BlockedCache {
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().entries.len()).sum()
     }
+}
+
+/// Whether a check's rejection may be answered from the cache: not one in shadow or quota
+/// mode (its rejection alone does not reject the request), nor one that must be charged
+/// when rejected (`charge_rejected`: only Redis can charge it).
+fn cacheable(check: &Check<'_>) -> bool {
+    !check.shadow && !check.quota && check.charge == super::ChargeRejected::None
 }
 
 #[cfg(test)]

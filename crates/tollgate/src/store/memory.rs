@@ -172,7 +172,12 @@ impl MemoryStore {
         let fp = self.fingerprint(check);
         let mut shard = self.shards[self.shard_of(fp)].lock();
         let now = self.effective_now(&mut shard, now);
-        self.decide(&mut shard, fp, check, now)
+        let mut d = self.decide(&mut shard, fp, check, now);
+        if !d.allowed && check.charge.when_over() {
+            self.force(&mut shard, fp, check, now);
+            d.remaining = 0;
+        }
+        d
     }
 
     /// `now`, or with `monotonic`, no earlier than any decision already made in the
@@ -217,18 +222,34 @@ impl MemoryStore {
             }
             decisions.push(self.decide(shard, fp, check, now));
         }
-        if decisions
-            .iter()
-            .zip(checks)
-            .any(|(d, c)| !d.allowed && !c.shadow)
-        {
+        let rejected = super::rejects(checks, |i| decisions[i].allowed);
+        if rejected {
             // Put back every state the admitted checks charged. Lockouts live apart
             // and stay: a rejected check keeps the lockout it started.
             for u in undo.into_iter().rev() {
                 let shard = guard_for(&mut guards, self.shard_of(u.fp));
                 u.restore(shard);
             }
-            // An admitted check reports its key as it is now, uncharged.
+            // An admitted check that keeps its charge in a rejected request
+            // (`charge_rejected: all`) is charged again.
+            for ((check, &fp), d) in checks.iter().zip(&fps).zip(decisions.iter_mut()) {
+                if d.allowed && check.charge.when_request_rejected() {
+                    let shard = guard_for(&mut guards, self.shard_of(fp));
+                    *d = self.decide(shard, fp, check, now);
+                }
+            }
+        }
+        // The checks not admitted that are charged anyway (`charge_rejected`).
+        for ((check, &fp), d) in checks.iter().zip(&fps).zip(decisions.iter_mut()) {
+            if !d.allowed && check.charge.when_over() {
+                let shard = guard_for(&mut guards, self.shard_of(fp));
+                self.force(shard, fp, check, now);
+                d.remaining = 0;
+            }
+        }
+        if rejected {
+            // The admitted checks report their keys as they are now: uncharged, or with
+            // the charges that stay.
             for ((check, &fp), d) in checks.iter().zip(&fps).zip(decisions.iter_mut()) {
                 if d.allowed {
                     let shard = guard_for(&mut guards, self.shard_of(fp));
@@ -237,6 +258,46 @@ impl MemoryStore {
             }
         }
         decisions
+    }
+
+    /// Charges a check that was not admitted (`charge_rejected`), past its limit.
+    fn force(&self, shard: &mut Shard, fp: u64, check: &Check<'_>, now: Nanos) {
+        if check.cost == 0 {
+            return;
+        }
+        let (limit, cost) = (check.limit, check.cost);
+        match limit.state_kind() {
+            StateKind::Key => self.run_on(
+                shard,
+                |s| &mut s.keys,
+                fp,
+                now,
+                |st| {
+                    limit.charge_key(st, now, cost);
+                    Decision::default()
+                },
+            ),
+            StateKind::Log => self.run_on(
+                shard,
+                |s| &mut s.logs,
+                fp,
+                now,
+                |st| {
+                    limit.charge_log(st, now, cost);
+                    Decision::default()
+                },
+            ),
+            StateKind::Window => self.run_on(
+                shard,
+                |s| &mut s.windows,
+                fp,
+                now,
+                |st| {
+                    limit.charge_window(st, now, cost);
+                    Decision::default()
+                },
+            ),
+        };
     }
 
     /// Drops every state that is fresh again at `now` (and ended lockouts). Returns how

@@ -39,6 +39,78 @@ pub struct Check<'a> {
     /// Shadow mode: decided and charged like any check, but its rejection does not
     /// reject the request (nor undo the other checks).
     pub shadow: bool,
+    /// Quota mode (Envoy's `quota_mode`): its rejection rejects the request only when
+    /// every quota-mode check of the request is rejected (see [`rejects`]).
+    pub quota: bool,
+    /// Whether it is charged when it is not admitted, or its request is rejected.
+    pub charge: ChargeRejected,
+}
+
+/// When a check is charged although it was not admitted, or its request was rejected
+/// (the rule file's `charge_rejected`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum ChargeRejected {
+    /// Charged only when it is admitted and so is the whole request: all or nothing.
+    #[default]
+    None,
+    /// As `None`, but charged anyway when it is over its limit (Envoy's service with
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`).
+    OverLimit,
+    /// Always charged, admitted or not, whatever the rest of the request (Envoy's
+    /// service's default).
+    All,
+}
+
+impl ChargeRejected {
+    /// The name used in rule files and flags: `none`, `over_limit`, `all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChargeRejected::None => "none",
+            ChargeRejected::OverLimit => "over_limit",
+            ChargeRejected::All => "all",
+        }
+    }
+
+    /// The mode a rule file or flag names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "none" => Some(ChargeRejected::None),
+            "over_limit" => Some(ChargeRejected::OverLimit),
+            "all" => Some(ChargeRejected::All),
+            _ => None,
+        }
+    }
+
+    /// Whether a check in this mode is charged although it was not admitted itself.
+    pub fn when_over(self) -> bool {
+        self != ChargeRejected::None
+    }
+
+    /// Whether a check in this mode that was admitted keeps its charge when its request
+    /// is rejected.
+    pub fn when_request_rejected(self) -> bool {
+        self == ChargeRejected::All
+    }
+}
+
+/// Whether a request whose checks were decided so (`allowed(i)` for check `i`) is
+/// rejected: when a check in neither shadow nor quota mode was, or when it has quota-mode
+/// checks (not in shadow mode) and every one of them was.
+pub fn rejects(checks: &[Check<'_>], allowed: impl Fn(usize) -> bool) -> bool {
+    let mut quota = false;
+    let mut quota_admitted = false;
+    for (i, c) in checks.iter().enumerate() {
+        if c.shadow {
+            continue;
+        }
+        if c.quota {
+            quota = true;
+            quota_admitted |= allowed(i);
+        } else if !allowed(i) {
+            return true;
+        }
+    }
+    quota && !quota_admitted
 }
 
 impl<'a> Check<'a> {
@@ -49,12 +121,26 @@ impl<'a> Check<'a> {
             key: key.as_ref(),
             cost,
             shadow: false,
+            quota: false,
+            charge: ChargeRejected::None,
         }
     }
 
     /// The same check in shadow mode (see [`Check::shadow`](Self#structfield.shadow)).
     pub fn in_shadow(mut self) -> Self {
         self.shadow = true;
+        self
+    }
+
+    /// The same check in quota mode (see [`Check::quota`](Self#structfield.quota)).
+    pub fn in_quota(mut self) -> Self {
+        self.quota = true;
+        self
+    }
+
+    /// The same check, charged as `charge` says when it or its request is rejected.
+    pub fn charging(mut self, charge: ChargeRejected) -> Self {
+        self.charge = charge;
         self
     }
 }
@@ -87,12 +173,15 @@ impl Error {
 
 /// Keeps per-key state and runs the algorithms on it atomically.
 pub trait Store: Send + Sync {
-    /// Decides every check of one request at `now`, atomically: either every check not
-    /// in shadow mode is admitted and every admitted check is charged, or none is charged (lockouts started by a rejected check
-    /// still start). Decisions come back in the order of `checks`; when the request is
-    /// rejected, a check whose own limit had room still says `allowed`, with the
-    /// remaining it has uncharged. A store with a time
-    /// source of its own that several instances share may use it instead of `now`.
+    /// Decides every check of one request at `now`, atomically: either the request is
+    /// admitted ([`rejects`] says no) and every admitted check is charged, or none is
+    /// charged (lockouts started by a rejected check still start) — except as each check's
+    /// [`ChargeRejected`] says: a check not admitted is charged anyway under `over_limit`
+    /// and `all`, and an admitted one keeps its charge in a rejected request under `all`.
+    /// Decisions come back in the order of `checks`; when the request is rejected, a check
+    /// whose own limit had room (and that was not charged) still says `allowed`, with the
+    /// remaining it has uncharged. A store with a time source of its own that several
+    /// instances share may use it instead of `now`.
     fn check<'a>(
         &'a self,
         now: Nanos,

@@ -664,8 +664,7 @@ impl RedisStore {
             }
             receipts.push(receipt);
         }
-        let refused = |i: usize| !decisions[i].allowed && !checks[i].shadow;
-        if groups.len() > 1 && !rejected && (0..checks.len()).any(refused) {
+        if groups.len() > 1 && !rejected && super::rejects(checks, |i| decisions[i].allowed) {
             let left = deadline.saturating_sub(started.elapsed());
             self.refund(&call, &groups, receipts, &mut decisions, left)
                 .await;
@@ -863,7 +862,7 @@ fn request(
     for &i in group {
         let (e, n) = (&encoded[i], &names[i]);
         mask |= 1 << (e.alg - 1);
-        e.push_args(&checks[i], &mut args);
+        e.push_args(&checks[i], &mut args, flags & (RECEIPT | REFUND) != 0);
         keys.push(n.state.clone());
         if e.alg == 3 {
             keys.push(n.meta());

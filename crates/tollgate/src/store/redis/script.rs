@@ -23,7 +23,7 @@ use redis::Script;
 
 use crate::algorithm::{Algorithm, LeakyMode, Limit, SUB_WINDOWS};
 use crate::decision::{Decision, NEVER};
-use crate::store::Check;
+use crate::store::{ChargeRejected, Check};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const DRIVER: &str = include_str!("lua/driver.lua");
@@ -205,8 +205,22 @@ impl Encoded {
         Err(OutOfRange(*a))
     }
 
-    /// Appends this check's fields to its request's packed argument.
-    pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u8>) {
+    /// Appends this check's fields to its request's packed argument. `spanning`: the
+    /// request is one call per slot of a cluster, where no call sees every quota-mode
+    /// check: those go as shadow-mode checks, and the store applies the quota rule to
+    /// the answers (taking back the other slots' charges when it rejects).
+    pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u8>, spanning: bool) {
+        let (shadow, quota) = if spanning && check.quota {
+            (true, false)
+        } else {
+            (check.shadow, check.quota)
+        };
+        let charge = match check.charge {
+            ChargeRejected::None => 0,
+            ChargeRejected::OverLimit => 1,
+            ChargeRejected::All => 2,
+        };
+        let flags = u64::from(shadow) | u64::from(quota) << 1 | charge << 2;
         pack(
             args,
             &[
@@ -218,7 +232,7 @@ impl Encoded {
                 self.r,
                 self.wr,
                 check.cost.min(LUA_MAX),
-                u64::from(check.shadow),
+                flags,
                 self.lockout,
                 u64::from(self.queue),
             ],

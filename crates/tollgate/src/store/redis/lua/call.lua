@@ -10,7 +10,8 @@
 -- per batch; 1: the next two; +2: the request is already rejected; +4: answer a
 -- receipt; +8: take back a charge), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
--- window / gcd, cost, shadow, lockout (ticks), queue.
+-- window / gcd, cost, flags (1: shadow mode, 2: quota mode, 4 x charge_rejected: 0 none,
+-- 1 over_limit, 2 all), lockout (ticks), queue.
 -- Modes +4 and +8 are a Redis Cluster's, for one slot of a request spanning several,
 -- alone in its call: +4 decides the request as usual (a lone check on its fast path, its
 -- state read first: lone_receipt) and answers, besides the answers' string, the receipt
@@ -129,10 +130,11 @@ for q = 1, requests do
     -- A lone check with a fast path (ALONE) takes it: no tables, no undo log. So does
     -- one asking for a receipt (see lone_receipt in driver.lua).
     if count == 1 and (wants or not special) then
-      local alg, tick, limit, window, burst, r, wr, _, lockout, queue
-      alg, tick, limit, window, burst, r, wr, cost, _, lockout, queue =
+      local alg, tick, limit, window, burst, r, wr, flags, lockout, queue
+      alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue =
         unpack('<ddddddddddd', blob, pos)
-      local alone = lockout == 0 and ALONE[alg]
+      -- A check charged when not admitted (charge_rejected) takes the general path.
+      local alone = lockout == 0 and flags < 4 and ALONE[alg]
       if alone then
         lone = alone(tick, limit, window, burst, r, wr, cost, queue == 1, NS,
           (NN - NN % tick) / tick, 1000000000 / tick)
@@ -169,8 +171,10 @@ for q = 1, requests do
   if not lone then
     local checks = {}
     for i = 1, count do
-      local alg, tick, limit, window, burst, r, wr, cost, shadow, lockout, queue, after =
+      local alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue, after =
         unpack('<ddddddddddd', blob, pos)
+      local charge = (flags - flags % 4) / 4
+      local quota = (flags % 4 - flags % 2) / 2
       pos = after
       local c = {
         alg = alg,
@@ -181,7 +185,9 @@ for q = 1, requests do
         r = r,
         wr = wr,
         cost = cost,
-        shadow = shadow == 1,
+        shadow = flags % 2 == 1,
+        quota = quota == 1,
+        charge = charge,
         lockout = lockout,
         queue = queue == 1,
         ns = NS,

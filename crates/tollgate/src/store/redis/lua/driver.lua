@@ -6,7 +6,8 @@
 -- Keys whose state the request being decided has saved for taking back (MULTI only).
 local saved = {}
 -- Whether a check of the request being decided started a lockout (which a check of the
--- same key admitted before it finds when it is decided again).
+-- same key admitted before it finds when it is decided again), or was charged although
+-- not admitted (charge_rejected: an admitted check of the same key may find it).
 local LOCKED = false
 
 local function unpack_state(c, raw)
@@ -71,6 +72,40 @@ local function restore(c, raw)
     CALL('SET', c.key, raw, 'PX', px(ttl_ms(c, st[1], st[2])))
   else
     CALL('DEL', c.key)
+  end
+end
+
+-- Whether a request whose checks were so decided is rejected (store/mod.rs `rejects`):
+-- a check in neither shadow nor quota mode was, or every quota-mode check was.
+local function rejects(checks, count, decisions)
+  local quota, quota_admitted = false, false
+  for i = 1, count do
+    local c = checks[i]
+    if not c.shadow then
+      if c.quota then
+        quota = true
+        if decisions[i][1] == 1 then quota_admitted = true end
+      elseif decisions[i][1] ~= 1 then
+        return true
+      end
+    end
+  end
+  return quota and not quota_admitted
+end
+
+-- Charges a check that was not admitted (charge_rejected), past its limit; never
+-- taken back, so not recorded in UNDO.
+local function force(c, cost)
+  if cost <= 0 then return end
+  if c.alg == 3 then
+    LOG_CHARGE(c, cost)
+    return
+  end
+  local read = READ[c.alg] or unpack_state
+  local new = CHARGE[c.alg](c, read(c, CALL('GET', c.key)), cost)
+  if new then
+    local write = WRITE[c.alg] or put_state
+    write(c, new)
   end
 end
 
@@ -143,7 +178,13 @@ local function receipt_of(checks, count, decisions)
     local c = checks[i]
     if decisions[i][1] == 1 and c.cost > 0 then
       local r = recs[c.key]
-      r.cost = r.cost + c.cost
+      -- A charge under charge_rejected: all stays in a rejected request: the refund
+      -- takes back only the others' (and never puts the key back whole).
+      if c.charge == 2 then
+        r.keep = 1
+      else
+        r.cost = r.cost + c.cost
+      end
     end
   end
   local parts = { PACK('<d', count) }
@@ -151,7 +192,7 @@ local function receipt_of(checks, count, decisions)
   for j = 1, #order do
     local r = order[j]
     local c = checks[r.i]
-    parts[#parts + 1] = PACK('<dd', r.i, r.cost)
+    parts[#parts + 1] = PACK('<ddd', r.i, r.cost, r.keep or 0)
     if c.alg == 3 then
       parts[#parts + 1] = rstr(r.meta_old) .. rstr(r.old_last)
       if #r.gone > RECEIPT_GONE then
@@ -176,7 +217,7 @@ local function lone_receipt(lone, key, cost)
   local raw = CALL('GET', key)
   local a, b, c, d, e = lone(key, raw)
   if a ~= 1 or cost <= 0 then return a, b, c, d, e, '' end
-  return a, b, c, d, e, PACK('<dddd', 1, 1, 1, cost) .. rstr(raw) .. rstr(CALL('GET', key))
+  return a, b, c, d, e, PACK('<ddddd', 1, 1, 1, cost, 0) .. rstr(raw) .. rstr(CALL('GET', key))
 end
 
 -- Decides one request's checks, all or nothing. With `receipt` (a Redis Cluster call
@@ -189,21 +230,57 @@ local function decide_request(checks, count, forced, receipt)
   MULTI = count > 1 or forced or receipt
   if MULTI then saved = {} end
   LOCKED = false
-  local decisions, rejected = {}, forced
+  local decisions = {}
   for i = 1, count do
-    local d = decide(checks[i], checks[i].cost)
-    decisions[i] = d
-    if d[1] == 0 and not checks[i].shadow then rejected = true end
+    decisions[i] = decide(checks[i], checks[i].cost)
   end
+  local rejected = forced or rejects(checks, count, decisions)
   if rejected then
     undo_all()
+    -- An admitted check that keeps its charge in a rejected request
+    -- (charge_rejected: all) is charged again.
+    for i = 1, count do
+      if decisions[i][1] == 1 and checks[i].charge == 2 then
+        decisions[i] = decide(checks[i], checks[i].cost)
+      end
+    end
+  end
+  -- The checks not admitted that are charged anyway (charge_rejected).
+  for i = 1, count do
+    if decisions[i][1] == 0 and checks[i].charge > 0 then
+      force(checks[i], checks[i].cost)
+      decisions[i][2] = 0
+      if checks[i].cost > 0 then LOCKED = true end
+    end
+  end
+  if rejected then
+    -- The admitted checks report their keys as they are now: uncharged, or with the
+    -- charges that stay.
     for i = 1, count do
       if decisions[i][1] == 1 then decisions[i] = decide(checks[i], 0) end
     end
     return decisions, ''
   end
+  -- The receipt (a cluster's slot) shows the keys as this call leaves them, charges
+  -- made anyway included: a refund puts a key back and makes those again.
   if receipt then return decisions, receipt_of(checks, count, decisions) end
   return decisions
+end
+
+-- After a key of a refunded request is put back as the request found it: the charges
+-- that stay made again, as the single call makes them (decide_request): the admitted
+-- checks under charge_rejected: all, then the checks not admitted charged anyway.
+local function replay(checks, count, admitted, key)
+  for i = 1, count do
+    local c = checks[i]
+    if c.key == key and admitted[i] == 1 and c.charge == 2 and c.cost > 0 then
+      decide(c, c.cost)
+    end
+  end
+  for i = 1, count do
+    local c = checks[i]
+    if c.key == key and admitted[i] == 0 and c.charge > 0 then force(c, c.cost) end
+  end
 end
 
 -- Takes back what a request charged in this slot, from the receipt its first call
@@ -220,10 +297,11 @@ local function refund_request(checks, count, receipt)
   for i = 1, n do admitted[i], pos = UNPACK('<d', receipt, pos) end
   while pos <= #receipt do
     local i, cost
-    i, cost, pos = UNPACK('<dd', receipt, pos)
+    local keep
+    i, cost, keep, pos = UNPACK('<ddd', receipt, pos)
     local c = checks[i]
     if c.alg == 3 then
-      local r = { cost = cost }
+      local r = { cost = cost, keep = keep }
       r.meta_old, pos = rtake(receipt, pos)
       r.old_last, pos = rtake(receipt, pos)
       local gone
@@ -235,7 +313,9 @@ local function refund_request(checks, count, receipt)
       r.meta_new, pos = rtake(receipt, pos)
       r.tail_new, pos = rtake(receipt, pos)
       r.llen, pos = UNPACK('<d', receipt, pos)
-      REFUND[3](c, r)
+      -- Put back whole (then the charges that stay made again), or only this
+      -- request's charges taken back where others changed the log since.
+      if REFUND[3](c, r) then replay(checks, n, admitted, c.key) end
     else
       local old, new
       old, pos = rtake(receipt, pos)
@@ -243,7 +323,8 @@ local function refund_request(checks, count, receipt)
       local now = CALL('GET', c.key)
       if now and now == new then
         restore(c, old)
-      elseif now and new then
+        replay(checks, n, admitted, c.key)
+      elseif now and new and cost > 0 then
         local read = READ[c.alg] or unpack_state
         local st = REFUND[c.alg](c, read(c, now), read(c, new), cost)
         local write = WRITE[c.alg] or put_state

@@ -31,6 +31,20 @@ REFUND[1] = function(c, st, charged, cost)
   return { st[1], st[2], count, 0 }
 end
 
+-- A charge that did not fit (`charge_rejected`, algorithm/fixed_window.rs `charge`):
+-- the window's count passes the limit.
+CHARGE[1] = function(c, st, cost)
+  local w = c.window
+  local es, en, count = st[1], st[2], st[3]
+  if since(c, es, en) <= 0 then
+    count = 0
+    es, en = later(c, w - nowmod(c, w))
+  end
+  count = count + cost
+  if count > CHARGED_MAX then count = CHARGED_MAX end
+  return { es, en, count, 0 }
+end
+
 -- ALG[1] for a lone check (no lockout, not already rejected), with its state read and
 -- written here: the decision's five numbers, as ALG[1] and the driver would give them.
 -- Most requests are this, and the driver's tables and calls cost more than the two

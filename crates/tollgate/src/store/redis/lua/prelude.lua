@@ -14,6 +14,8 @@ local NEVER = -1
 -- instructions per decision).
 local CALL, PACK, UNPACK
 local TWO53 = 9007199254740992
+-- Where charges past the limit stop counting (algorithm/fixed_window.rs CHARGED_MAX).
+local CHARGED_MAX = 2251799813685248
 -- Set per call (call.lua) and by the general path (driver.lua): extra milliseconds on
 -- every TTL, the charges to take back, and the sliding log's hooks (when the script
 -- includes it).
@@ -35,6 +37,11 @@ local READ, WRITE = {}, {}
 local REFUND = {}
 local LOG_CHECK = nil
 local LOG_UNDO = nil
+-- Per algorithm code: the state after charging a check that was not admitted
+-- (`charge_rejected`), past its limit: function(c, st, cost) -> the state to write, as
+-- ALG's. The sliding log's is LOG_CHARGE(c, cost), which writes it.
+local CHARGE = {}
+local LOG_CHARGE = nil
 -- Whether the request being decided has several checks: only then does a rejection
 -- restore a snapshot (the in-memory store's check of a lone key has nothing to undo).
 local MULTI = false

@@ -109,6 +109,31 @@ LOG_CHECK = function(c, cost)
   return { 0, remaining, reset, retry, 0 }
 end
 
+-- Logs a charge that did not fit (`charge_rejected`, algorithm/sliding_log.rs `charge`):
+-- an entry at now (or the newest entry's instant, after a clock step back), whatever the
+-- log holds; nothing is trimmed, and nothing recorded in UNDO (it is never taken back).
+LOG_CHARGE = function(c, cost)
+  local used, es, en = log_meta(c)
+  -- The log's total stops at CHARGED_MAX, as the Rust's does.
+  if used + cost > CHARGED_MAX then cost = CHARGED_MAX - used end
+  if cost <= 0 then return end
+  local k = { ns = c.ns, nn = c.nn, tps = c.tps, tick = c.tick }
+  local last = CALL('LINDEX', c.key, -1)
+  local ls, ln, lc
+  if last then
+    ls, ln, lc = UNPACK('ddd', last)
+    ln = ticks_of(k, ln)
+    if since(k, ls, ln) > 0 then k.ns, k.nn = ls, ln end
+  end
+  if last and ls == k.ns and ln == k.nn then
+    CALL('LSET', c.key, -1, PACK('ddd', ls, ns_of(k, ln), lc + cost))
+  else
+    CALL('RPUSH', c.key, PACK('ddd', k.ns, ns_of(k, k.nn), cost))
+  end
+  es, en = later(k, c.window)
+  log_save_meta(c, k, used + cost, es, en, false)
+end
+
 -- Takes back one change to a log (newest first, as UNDO is replayed backwards): a
 -- charge, or entries trimmed from its front.
 LOG_UNDO = function(u)
@@ -139,19 +164,21 @@ LOG_UNDO = function(u)
 end
 
 -- Takes back a charge on a Redis Cluster (driver.lua's refund_request; `r` is the
--- charge's record: r.cost (0: entries were trimmed, nothing charged), the log as the
--- charge left it (r.meta_new, r.tail_new,
+-- charge's record: r.cost, what is to be taken back, and r.keep, 1 when charges that
+-- stay (charge_rejected: all) were made too (r.cost 0 and no keep: entries were
+-- trimmed, nothing charged); the log as the request left it (r.meta_new, r.tail_new,
 -- r.llen), and as it found it (r.meta_old, r.old_last, r.gone: the entries trimmed,
 -- false when there were too many to carry)). When the log is still exactly as the
--- charge left it, it is put back as it was, trimmed entries included (as the general
--- path's undo does). Otherwise others have changed it since: only this request's cost
--- comes off its entry, the one at the charge's instant (entries are in time order, one
--- per instant), and off the meta's total.
+-- request left it, it is put back as it was, trimmed entries included (as the general
+-- path's undo does), and true is answered: the caller makes the charges that stay
+-- again. Otherwise others have changed it since: only this request's cost comes off
+-- its entry, the one at the charge's instant (entries are in time order, one per
+-- instant), and off the meta's total.
 REFUND[3] = function(c, r)
   local meta = CALL('GET', c.meta)
   if r.gone and meta == r.meta_new and CALL('LINDEX', c.key, -1) == r.tail_new
       and CALL('LLEN', c.key) == r.llen then
-    if r.cost <= 0 then
+    if r.cost <= 0 and r.keep ~= 1 then
       -- Entries trimmed only: nothing charged.
     elseif r.old_last then
       CALL('LSET', c.key, -1, r.old_last)
@@ -167,9 +194,9 @@ REFUND[3] = function(c, r)
     else
       CALL('DEL', c.meta)
     end
-    return
+    return true
   end
-  if not meta or r.cost <= 0 then return end
+  if not meta or r.cost <= 0 then return false end
   local ks, kn = UNPACK('dd', r.tail_new)
   local n = CALL('LLEN', c.key)
   local at, entry = nil, nil
@@ -192,7 +219,7 @@ REFUND[3] = function(c, r)
     end
     if j >= 0 then j = from - 1 end
   end
-  if not at then return end
+  if not at then return false end
   local _, _, ec = UNPACK('ddd', entry)
   local d = r.cost
   if d > ec then d = ec end
@@ -209,4 +236,5 @@ REFUND[3] = function(c, r)
   used = used - d
   if used < 0 then used = 0 end
   CALL('SET', c.meta, PACK('ddd', used, es, en), 'XX', 'KEEPTTL')
+  return false
 end

@@ -1,9 +1,10 @@
 -- Sliding window counter (algorithm/sliding_window.rs): the classic estimate of two
 -- aligned windows, held to the true rolling count by 33 sub-window counts.
--- State, little-endian, 328 bytes: a header of 64 (as doubles, the instant it expires
+-- State, little-endian, 332 bytes: a header of 68 (as doubles, the instant it expires
 -- (s, ns), the aligned window's end (s, ns) and the newest sub-window's start (s, ns); as
--- 4-byte integers, the previous and current counts, the sum of the sub-window counts and
--- the oldest slot that may hold one: none past it does),
+-- 4-byte integers, the previous and current counts; as a double, the sum of the
+-- sub-window counts; as a 4-byte integer, the oldest slot that may hold one: none past
+-- it does),
 -- then 33 slots of 8, newest first: each sub-window's count and its last admission (the
 -- offset from its start, rounded up to a unit: the first power of ten of nanoseconds at
 -- least sub-window / (2^32 - 1), one nanosecond up to a 137 s window). It starts with the
@@ -15,8 +16,9 @@
 -- have left the window, which are the oldest slots: a decision reads from the oldest
 -- until the first one still in the window. A charge within the same window and
 -- sub-window, which leaves the instant the state expires where it was, rewrites only the
--- 20 bytes that change (current count, sum, oldest, newest slot) with SETRANGE, as the
--- fixed window does.
+-- 24 bytes that change (current count, sum, oldest, newest slot) with SETRANGE, as the
+-- fixed window does. Counts stop at 2^32 - 1 (only charges past the limit, under
+-- charge_rejected, can reach it), as the Rust's do.
 -- Here a state is a table of instants relative to the check's "now", in its ticks:
 -- { exp, fin (the window's end), fin_ok (end >= window), new, prev, cur, total, oldest,
 --   ring (bytes holding the slots from offset base), base }.
@@ -26,10 +28,12 @@ local SW_SUB = 32
 local SW_RING = 33
 local SW_MARGIN = 2
 local SW_UNITS = 4294967295
-local SW_HEAD = '<ddddddI4I4I4I4'
+local SW_HEAD = '<ddddddI4I4dI4'
+local SW_PATCH = '<I4dI4I4I4'
+local SW_U32 = 4294967295
 local SW_SLOT = '<I4I4'
 -- The header's length, and a slot's.
-local SW_HEAD_LEN = 64
+local SW_HEAD_LEN = 68
 local SW_SLOT_LEN = 8
 
 -- The unit of a sub-window's last admission, in ticks: the first power of ten of
@@ -220,17 +224,21 @@ local function sw_charge(c, st, e, prev, cur, cost)
     local q = cdiv(-new, unit)
     if q > last then last = q end
   end
-  count, total = count + cost, total + cost
+  local grown = count + cost
+  if grown > SW_U32 then grown = SW_U32 end
+  count, total = grown, total + (grown - count)
+  local now_cur = cur + cost
+  if now_cur > SW_U32 then now_cur = SW_U32 end
   local exp = e + w
   local leaves = new + last * unit + w
   if leaves > exp then exp = leaves end
   if not ring then oldest = 0 end
   -- The slots are made into bytes only when written whole (sw_bytes): `src`, from
   -- offset `srcbase`, holds them but for the newest, `count` and `last`.
-  local nst = { exp = exp, fin = e, new = new, prev = prev, cur = cur + cost, total = total,
+  local nst = { exp = exp, fin = e, new = new, prev = prev, cur = now_cur, total = total,
     oldest = oldest, count = count, last = last, src = ring, srcbase = base, patch = false }
   if not moved and st.exp > 0 and exp == st.exp and e == st.fin and prev == st.prev then
-    nst.patch = PACK('<I4I4I4I4I4', cur + cost, total, oldest, count, last)
+    nst.patch = PACK(SW_PATCH, now_cur, total, oldest, count, last)
   end
   return nst
 end
@@ -244,19 +252,32 @@ local function first_fitting(count, room, w)
   return e
 end
 
-ALG[2] = function(c, st, cost)
-  local w, limit = c.window, c.limit
-  -- The classic estimate.
+-- The aligned window of now: its end (relative), the previous and the current count.
+local function sw_counts(c, st)
+  local w = c.window
   local aligned = w - nowmod(c, w)
-  local e, prev, cur = aligned, 0, 0
   if st.exp > 0 and st.fin_ok then
     local stored = st.fin
     if stored >= aligned then
-      e, prev, cur = stored, st.prev, st.cur
+      return stored, st.prev, st.cur
     elseif stored + w == aligned then
-      e, prev, cur = aligned, st.cur, 0
+      return aligned, st.cur, 0
     end
   end
+  return aligned, 0, 0
+end
+
+-- A charge that did not fit (charge_rejected, algorithm/sliding_window.rs `charge`): the
+-- counts pass the limit.
+CHARGE[2] = function(c, st, cost)
+  local e, prev, cur = sw_counts(c, st)
+  return sw_charge(c, st, e, prev, cur, cost)
+end
+
+ALG[2] = function(c, st, cost)
+  local w, limit = c.window, c.limit
+  -- The classic estimate.
+  local e, prev, cur = sw_counts(c, st)
   local elapsed = w - e
   if elapsed < 0 then elapsed = 0 end
   if elapsed > w then elapsed = w end
@@ -350,7 +371,7 @@ ALONE[2] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
     local d, new = ALG[2](c, sw_read(c, raw), cost)
     if new then
       if new.patch and #raw > 32 then
-        -- Current count, sum, oldest slot and newest slot are contiguous, at byte 52;
+        -- Current count, sum, oldest slot and newest slot are contiguous, from byte 52;
         -- the key keeps its TTL, as the expiry did not move.
         CALL('SETRANGE', key, '52', new.patch)
       else

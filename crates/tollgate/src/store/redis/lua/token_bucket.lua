@@ -16,14 +16,27 @@ ALG[4] = function(c, st, cost)
     if cost > 0 then nst = bucket_state(c, x + need) end
     return { 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0 }, nst
   end
-  -- A cost above the burst never fits; the answer still says what is left.
+  -- A cost above the burst never fits; the answer still says what is left. Past the
+  -- capacity, x is a debt (a charge the bucket could not hold): it counts in full.
   local retry = NEVER
-  if cost <= c.burst then retry = cdiv(need - tokens, r) end
-  return { 0, fdiv(tokens, wr), cdiv(missing, r), retry, 0 }
+  if cost <= c.burst then retry = cdiv(need + x - capacity, r) end
+  return { 0, fdiv(tokens, wr), cdiv(x, r), retry, 0 }
 end
 
 -- Takes back a charge: the instant moves back by cost x window / limit (prelude.lua).
 REFUND[4] = bucket_refund
+
+-- A charge that did not fit (`charge_rejected`, algorithm/*.rs `charge`): the exact
+-- instant moves later by the cost, past the bucket's capacity (a debt of at most one
+-- bucket: algorithm/state.rs `charged`).
+CHARGE[4] = function(c, st, cost)
+  if c.limit == 0 then return nil end
+  local x = bucket_ahead(c, st)
+  if x < 0 then x = 0 end
+  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
+  if new > most then new = most end
+  return bucket_state(c, new)
+end
 
 -- ALG[4] for a lone check (no lockout, not already rejected), state read and written
 -- here (see ALONE in fixed_window.lua).
@@ -43,7 +56,7 @@ ALONE[4] = function(tick, limit, _, burst, r, wr, cost, _, ns, nn, tps)
       return 1, fdiv(left, wr), cdiv(capacity - left, r), 0, 0
     end
     local retry = NEVER
-    if cost <= burst then retry = cdiv(need - tokens, r) end
-    return 0, fdiv(tokens, wr), cdiv(missing, r), retry, 0
+    if cost <= burst then retry = cdiv(need + x - capacity, r) end
+    return 0, fdiv(tokens, wr), cdiv(x, r), retry, 0
   end
 end
