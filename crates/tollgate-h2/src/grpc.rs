@@ -9,8 +9,12 @@ pub enum Code {
     Ok = 0,
     /// CANCELLED
     Cancelled = 1,
+    /// UNKNOWN
+    Unknown = 2,
     /// INVALID_ARGUMENT
     InvalidArgument = 3,
+    /// NOT_FOUND
+    NotFound = 5,
     /// RESOURCE_EXHAUSTED
     ResourceExhausted = 8,
     /// UNIMPLEMENTED

@@ -26,6 +26,8 @@ use tollgate::http::headers::HeaderSettings;
 
 /// How often the in-memory store drops states that are fresh again.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often a service started without rules looks whether they have loaded.
+const FOLLOW_RULES_EVERY: Duration = Duration::from_millis(100);
 
 /// Runs the service until SIGTERM or SIGINT, then drains.
 pub fn serve(args: ServeArgs) -> ExitCode {
@@ -76,21 +78,42 @@ pub(crate) struct Core {
     pub _watcher: Option<rules::Watcher>,
 }
 
+/// What a start does when the rules do not load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InvalidRules {
+    /// Log why and exit.
+    Exit,
+    /// Log why and start with no rules, loading them once the files are fixed.
+    Wait,
+}
+
 /// Loads the rules and opens the store; logs why and returns `None` when it cannot.
-pub(crate) async fn core(args: &CommonArgs, shadow_mode: bool) -> Option<Core> {
+/// Rules that do not load (invalid, or a path missing) are logged, then stop the start
+/// or not as `invalid` says.
+pub(crate) async fn core(
+    args: &CommonArgs,
+    shadow_mode: bool,
+    invalid: InvalidRules,
+) -> Option<Core> {
     let options = LoadOptions {
         merge_domains: args.merge_domains,
     };
-    let rules = match Rules::load(args.config.clone(), options) {
-        Ok(r) => Arc::new(r),
-        Err(errors) => {
-            for e in errors.iter() {
-                error!("{e}");
-            }
-            error!("the rules are invalid; not starting");
-            return None;
+    let rules = Arc::new(Rules::load_or_wait(args.config.clone(), options));
+    if let Some(errors) = rules.last_error() {
+        for e in errors.iter() {
+            error!("{e}");
         }
-    };
+        match invalid {
+            InvalidRules::Exit => {
+                error!("the rules are invalid; not starting");
+                return None;
+            }
+            InvalidRules::Wait => warn!(
+                "the rules are invalid: starting without rules (not ready; every check is \
+                 answered \"no rate limit configuration loaded\") until their files are fixed"
+            ),
+        }
+    }
     // Kept alive for the life of the service.
     let watcher = match rules::watch(Arc::clone(&rules)) {
         Ok(w) => Some(w),
@@ -174,7 +197,12 @@ async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(core) = core(&args.common, args.shadow_mode).await else {
+    let invalid = if args.exit_on_invalid_rules {
+        InvalidRules::Exit
+    } else {
+        InvalidRules::Wait
+    };
+    let Some(core) = core(&args.common, args.shadow_mode, invalid).await else {
         return ExitCode::FAILURE;
     };
     let Core {
@@ -251,6 +279,9 @@ async fn run(args: ServeArgs) -> ExitCode {
         warmer.start(warm::reported(warmed_rx, count)).await;
     }
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    // Started without rules: the health watchers hear when they load.
+    let follower = (!rules.is_loaded())
+        .then(|| tokio::spawn(follow_rules(Arc::clone(&service), stop_rx.clone())));
     let acceptors = vec![
         tokio::spawn(workers::distribute(
             grpc_listener,
@@ -263,13 +294,16 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), rules_loaded = rules.is_loaded(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
-    service.set_ready(false);
+    service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     workers::drain(args.common.drain_timeout, acceptors, done).await
 }
 
@@ -308,7 +342,8 @@ async fn serve_worker(
                     .map_err(|e| format!("gRPC TLS: {e}"))?;
             }
             let grpc = server
-                .add_service(grpc::rls::server(service))
+                .add_service(grpc::rls::server(Arc::clone(&service)))
+                .add_service(grpc::health::server(service))
                 .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop));
             let (grpc, ()) = tokio::join!(grpc, http);
             grpc.map_err(|e| format!("gRPC: {e}"))
@@ -322,6 +357,20 @@ pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
         if stop.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// For a service started without valid rules: until they load, looks every
+/// [`FOLLOW_RULES_EVERY`] whether they have, and then tells the service's readiness
+/// watchers (the gRPC health `Watch` streams). The rules load on another thread (the
+/// file watcher, SIGHUP); `/readyz` and health `Check` read them directly.
+async fn follow_rules(service: Arc<Service>, stop: watch::Receiver<bool>) {
+    while !service.rules_loaded() && !*stop.borrow() {
+        tokio::time::sleep(FOLLOW_RULES_EVERY).await;
+    }
+    if service.rules_loaded() {
+        service.refresh();
+        info!("the rules are loaded: deciding");
     }
 }
 

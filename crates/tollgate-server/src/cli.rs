@@ -113,6 +113,13 @@ pub struct ServeArgs {
     /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
     #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ratelimit_headers: bool,
+    /// Exit at start-up when the rules are invalid or a `--config` path does not exist.
+    /// Without it the service starts anyway, as envoyproxy/ratelimit does: it logs
+    /// every error, is not ready (`/readyz` 503, gRPC health NOT_SERVING), answers every
+    /// check "no rate limit configuration loaded" (gRPC UNKNOWN, HTTP 503), and loads
+    /// the rules as soon as their files are fixed.
+    #[arg(long, env = "TOLLGATE_EXIT_ON_INVALID_RULES")]
+    pub exit_on_invalid_rules: bool,
 }
 
 impl ServeArgs {

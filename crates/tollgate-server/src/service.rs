@@ -5,11 +5,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
 
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
 use tollgate::http::headers::HeaderSettings;
+
+/// What every API answers while no rules are loaded (the rule files were invalid or
+/// missing at start and have not been fixed since), in envoyproxy/ratelimit's words:
+/// gRPC `UNKNOWN` with this message, HTTP 503 with it as the problem's detail.
+pub const NO_RULES: &str = "no rate limit configuration loaded";
+
+/// Whether the service takes calls, as the health endpoints and the gRPC health
+/// service report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Starting (listeners not up, Redis not warm yet) or no rules loaded.
+    NotReady,
+    /// Rules loaded, warm, listeners up.
+    Ready,
+    /// SIGTERM: finishing the calls in flight, then exiting.
+    Draining,
+}
 
 /// The state behind every listener.
 pub struct Service {
@@ -19,11 +37,16 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// Which rate limit headers to add.
     pub headers: HeaderSettings,
-    ready: AtomicBool,
+    /// Listeners up (and, on Redis, warm).
+    started: AtomicBool,
+    draining: AtomicBool,
+    /// The last [`Readiness`] published to watchers (the gRPC health `Watch`).
+    readiness: watch::Sender<Readiness>,
 }
 
 impl Service {
-    /// A service over `limiter`; not ready until [`set_ready`](Self::set_ready).
+    /// A service over `limiter`; not ready until [`set_ready`](Self::set_ready) and its
+    /// rules are loaded.
     pub fn new(
         limiter: Arc<Limiter<AnyStore>>,
         metrics: Arc<Metrics>,
@@ -33,11 +56,15 @@ impl Service {
             limiter,
             metrics,
             headers,
-            ready: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            readiness: watch::Sender::new(Readiness::NotReady),
         }
     }
 
-    /// Decides a request, recording metrics.
+    /// Decides a request, recording metrics. Front ends check
+    /// [`rules_loaded`](Self::rules_loaded) first: without rules the limiter would
+    /// answer every request OK.
     pub async fn decide(
         &self,
         request: &RateLimitRequest,
@@ -68,13 +95,53 @@ impl Service {
         }
     }
 
-    /// Marks the service ready (rules loaded, listeners bound) or not (draining).
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
+    /// Whether rules are in force. False only while the rule files have not loaded
+    /// since the start (they were invalid or missing): every API then answers
+    /// [`NO_RULES`] instead of a decision.
+    pub fn rules_loaded(&self) -> bool {
+        self.limiter.rules().is_loaded()
     }
 
-    /// Whether `/readyz` answers 200.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+    /// Marks the service started (listeners bound, warm) or not; it is ready once its
+    /// rules are loaded too.
+    pub fn set_ready(&self, ready: bool) {
+        self.started.store(ready, Ordering::Release);
+        self.refresh();
+    }
+
+    /// Marks the service draining (SIGTERM): not ready from now on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.refresh();
+    }
+
+    /// Whether the service takes calls now: `/readyz` answers 200 and the gRPC
+    /// health service SERVING only while [`Readiness::Ready`].
+    pub fn readiness(&self) -> Readiness {
+        if self.draining.load(Ordering::Acquire) {
+            Readiness::Draining
+        } else if self.started.load(Ordering::Acquire) && self.rules_loaded() {
+            Readiness::Ready
+        } else {
+            Readiness::NotReady
+        }
+    }
+
+    /// Tells the watchers of [`watch_readiness`](Self::watch_readiness) the current
+    /// readiness, if it changed. [`set_ready`](Self::set_ready) and
+    /// [`drain`](Self::drain) call it; so must whoever sees the rules load (they load
+    /// on another thread, from the file watcher, SIGHUP or `POST /reload`).
+    pub fn refresh(&self) {
+        let now = self.readiness();
+        self.readiness.send_if_modified(|published| {
+            let changed = *published != now;
+            *published = now;
+            changed
+        });
+    }
+
+    /// A receiver of every change of readiness (as [`refresh`](Self::refresh) sees it).
+    pub fn watch_readiness(&self) -> watch::Receiver<Readiness> {
+        self.readiness.subscribe()
     }
 }

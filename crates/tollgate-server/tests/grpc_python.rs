@@ -1,5 +1,6 @@
 //! `tollgate serve` against a gRPC client we did not write: Python `grpcio` with the
-//! stubs `xds-protos` generates from Envoy's protos (`tests/python/test_rls.py`).
+//! stubs `xds-protos` generates from Envoy's protos (`tests/python/test_rls.py`), and
+//! gRPC's own health stubs (`grpcio-health-checking`: `tests/python/test_health.py`).
 //!
 //! Needs a Python with `tests/python/requirements.txt` installed: `$TOLLGATE_PYTHON`,
 //! else `.venv/bin/python` at the workspace root (`bash .ci/run` creates it).
@@ -40,6 +41,7 @@ fn a_real_envoy_rls_client_gets_envoys_answers() {
     let output = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(dir.join("test_rls.py"))
+        .arg(dir.join("test_health.py"))
         .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .current_dir(&dir)
@@ -48,7 +50,7 @@ fn a_real_envoy_rls_client_gets_envoys_answers() {
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
     assert!(
         output.status.success(),
-        "{} -m pytest test_rls.py failed ({}):\n{}\n{}",
+        "{} -m pytest test_rls.py test_health.py failed ({}):\n{}\n{}",
         python.display(),
         output.status,
         text(&output.stdout),

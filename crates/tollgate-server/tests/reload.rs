@@ -1,6 +1,8 @@
 //! Hot reload end to end: rewrite the rules under a running server; the new limits
 //! apply within 2 s; an invalid file leaves the old rules serving and counts an error,
-//! once; an idle server does not read its rules again.
+//! once; an idle server does not read its rules again. A server started with invalid
+//! rules (or none at the path) stays up, not ready, answering no decision, until they
+//! load; `--exit-on-invalid-rules` makes it exit instead.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -8,6 +10,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use reqwest::Client;
 use serde_json::{json, Value};
 use support::{tempdir, Server};
@@ -110,17 +117,186 @@ async fn rewritten_rules_apply_within_two_seconds_and_bad_ones_are_refused() {
     assert_eq!(body["descriptors"][0]["limit"]["requests_per_unit"], 1);
 }
 
+const BROKEN: &str = "domain: r\ndescriptors:\n  - key: user\n    ratelimit: {}\n";
+const NO_RULES: &str = "no rate limit configuration loaded";
+
+/// Polls `GET /readyz` (5 s at most) until it answers `status`.
+async fn wait_for_readyz(s: &Server, status: u16) {
+    let started = Instant::now();
+    loop {
+        let r = reqwest::get(format!("{}/readyz", s.http)).await.unwrap();
+        if r.status() == status {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "/readyz did not answer {status} within 5 s: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The status, content type and JSON body of `POST path` with `body`.
+async fn post(c: &Client, s: &Server, path: &str, body: Value) -> (u16, String, Value) {
+    let r = c
+        .post(format!("{}{path}", s.http))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let kind = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, kind, r.json().await.unwrap())
+}
+
+/// `ShouldRateLimit` for `{user: ann}` in domain `r` through tonic's client.
+async fn should_rate_limit(s: &Server) -> Result<RateLimitResponse, tonic::Status> {
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", s.grpc))
+        .await
+        .unwrap();
+    let request = RateLimitRequest {
+        domain: "r".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: "ann".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 #[tokio::test]
-async fn a_server_with_invalid_rules_does_not_start() {
+async fn a_server_with_invalid_rules_stays_up_unready_and_loads_them_once_fixed() {
     let dir = tempdir("bad-start");
+    let log = dir.with_extension("log");
+    std::fs::write(dir.join("r.yaml"), BROKEN).unwrap();
+    let s = Server::start_alive(&dir, &[], &log).await;
+    let c = Client::new();
+
+    // Up, not ready, and saying why: in the log, in /rules and in /metrics.
+    for path in ["/readyz", "/healthcheck"] {
+        let r = reqwest::get(format!("{}{path}", s.http)).await.unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("r.yaml:4:5: unknown key `ratelimit`"),
+        "{logged}"
+    );
+    let rules = s.get_json("/rules").await;
+    assert_eq!(rules["loaded"], false, "{rules}");
+    assert_eq!(rules["load_successes"], 0, "{rules}");
+    assert_eq!(rules["load_failures"], 1, "{rules}");
+    let err = rules["last_error"][0].as_str().unwrap();
+    assert!(err.contains("r.yaml:4:5: unknown key `ratelimit`"), "{err}");
+    assert_eq!(metric(&s, "tollgate_config_load_error_total").await, 1);
+
+    // No decision on any API: gRPC says UNKNOWN as envoyproxy/ratelimit does, HTTP 503.
+    let status = should_rate_limit(&s).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unknown, "{status:?}");
+    assert_eq!(status.message(), NO_RULES);
+    let check = json!({"domain": "r", "descriptors": [{"user": "ann"}]});
+    let envoy =
+        json!({"domain": "r", "descriptors": [{"entries": [{"key": "user", "value": "ann"}]}]});
+    for (path, body) in [("/v1/check", &check), ("/json", &envoy)] {
+        let (status, kind, problem) = post(&c, &s, path, body.clone()).await;
+        assert_eq!(status, 503, "{path}: {problem}");
+        assert_eq!(kind, "application/problem+json", "{path}");
+        assert_eq!(problem["status"], 503, "{path}: {problem}");
+        assert_eq!(problem["detail"], NO_RULES, "{path}: {problem}");
+    }
+
+    // Fixed: loaded by the watcher, ready, deciding.
+    std::fs::write(dir.join(".r.yaml.tmp"), V1).unwrap();
+    std::fs::rename(dir.join(".r.yaml.tmp"), dir.join("r.yaml")).unwrap();
+    wait_for_readyz(&s, 200).await;
+    let (status, _, body) = post(&c, &s, "/v1/check", check.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["descriptors"][0]["limit"]["requests_per_unit"], 1);
+    let response = should_rate_limit(&s).await.unwrap();
+    assert_eq!(
+        response.overall_code, 2,
+        "ann's second hit of 1 per hour is over"
+    );
+    let rules = s.get_json("/rules").await;
+    assert_eq!(rules["loaded"], true, "{rules}");
+    assert_eq!(rules["load_successes"], 1, "{rules}");
+    assert_eq!(rules["last_error"], Value::Null, "{rules}");
+}
+
+#[tokio::test]
+async fn a_missing_rule_directory_is_waited_for_and_watched_once_it_exists() {
+    let dir = tempdir("missing-dir");
+    let log = dir.with_extension("log");
+    let rules = dir.join("rules");
+    let s = Server::start_alive(&rules, &[], &log).await;
+    let r = reqwest::get(format!("{}/readyz", s.http)).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let listed = s.get_json("/rules").await;
+    let err = listed["last_error"][0].as_str().unwrap();
+    assert!(err.contains("no such file or directory"), "{err}");
+
+    // The directory appears whole (as a ConfigMap mount or a renamed checkout would).
+    let staging = dir.join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::write(staging.join("r.yaml"), V1).unwrap();
+    std::fs::rename(&staging, &rules).unwrap();
+    wait_for_readyz(&s, 200).await;
+
+    // Its files are watched from then on.
+    let c = Client::new();
     std::fs::write(
-        dir.join("r.yaml"),
-        "domain: r\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
+        rules.join("r.yaml"),
+        V1.replace("requests_per_unit: 1}", "requests_per_unit: 7}"),
     )
     .unwrap();
-    let stderr = support::serve_refused(&dir, &[]);
+    let started = Instant::now();
+    while limit_of(&c, &s, "probe").await.1["descriptors"][0]["limit"]["requests_per_unit"] != 7 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "an edit in the new directory was not loaded within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn with_exit_on_invalid_rules_a_server_with_invalid_rules_does_not_start() {
+    let dir = tempdir("bad-start-exit");
+    std::fs::write(dir.join("r.yaml"), BROKEN).unwrap();
+    let stderr = support::serve_refused(&dir, &["--exit-on-invalid-rules"]);
     assert!(
         stderr.contains("r.yaml:4:5: unknown key `ratelimit`"),
+        "{stderr}"
+    );
+    // The same through the environment, and for a path that does not exist.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config"])
+        .arg(dir.join("nothing-here"))
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .env("TOLLGATE_EXIT_ON_INVALID_RULES", "true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("nothing-here") && stderr.contains("no such file or directory"),
         "{stderr}"
     );
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate::clock::{ManualClock, NANOS_PER_SEC};
 use tollgate::limiter::{Code, Descriptor, LimitOverride, Limiter, RateLimitRequest, Settings};
-use tollgate::rules::{from_str, load, ConfigError, LoadOptions, Rules, Unit};
+use tollgate::rules::{from_str, load, ConfigError, LoadOptions, ReloadOutcome, Rules, Unit};
 use tollgate::store::MemoryStore;
 
 const T0: u64 = 1_699_920_000 * NANOS_PER_SEC;
@@ -621,6 +621,73 @@ mod reload {
         std::fs::write(dir.join("r.yaml"), V1).unwrap();
         rules.reload().unwrap();
         assert!(rules.last_error().is_none());
+    }
+
+    #[test]
+    fn rules_that_do_not_load_at_first_wait_for_their_files_to_be_fixed() {
+        let dir = tempdir("wait-invalid");
+        std::fs::write(dir.join("r.yaml"), V1.replace("hour", "fortnight")).unwrap();
+        assert!(Rules::load(vec![dir.clone()], LoadOptions::default()).is_err());
+        let rules = Rules::load_or_wait(vec![dir.clone()], LoadOptions::default());
+        assert!(!rules.is_loaded());
+        assert!(rules.current().domains().is_empty(), "nothing in force");
+        let err = rules.last_error().unwrap().to_string();
+        assert!(err.contains("unknown unit `fortnight`"), "{err}");
+        assert_eq!(
+            counters(&rules),
+            (0, 0, 1),
+            "(attempts, successes, failures)"
+        );
+        // The same files again: the same errors, not counted twice.
+        assert_eq!(rules.reload().unwrap_err().to_string(), err);
+        assert_eq!(counters(&rules), (1, 0, 1));
+        std::fs::write(dir.join("r.yaml"), V1).unwrap();
+        assert_eq!(rules.reload().unwrap(), ReloadOutcome::Reloaded);
+        assert!(rules.is_loaded());
+        assert!(rules.last_error().is_none());
+        assert_eq!(counters(&rules), (2, 1, 1));
+        assert!(rules.current().domain("r").is_some());
+        // Loaded once, a broken edit keeps the rules in force.
+        std::fs::write(dir.join("r.yaml"), "domain: [").unwrap();
+        assert!(rules.reload().is_err());
+        assert!(rules.is_loaded());
+        assert!(rules.current().domain("r").is_some());
+    }
+
+    #[test]
+    fn a_missing_directory_is_not_loaded_until_it_appears_even_empty() {
+        let dir = tempdir("wait-missing");
+        let rules_dir = dir.join("rules");
+        let rules = Rules::load_or_wait(vec![rules_dir.clone()], LoadOptions::default());
+        assert!(!rules.is_loaded());
+        let err = rules.last_error().unwrap().to_string();
+        assert!(err.contains("no such file or directory"), "{err}");
+        std::fs::create_dir(&rules_dir).unwrap();
+        assert_eq!(rules.reload().unwrap(), ReloadOutcome::Reloaded);
+        assert!(
+            rules.is_loaded(),
+            "an empty directory is a valid, empty rule set"
+        );
+    }
+
+    #[test]
+    fn the_watcher_sees_a_missing_directory_appear_and_then_its_files() {
+        let dir = tempdir("watch-missing");
+        let rules_dir = dir.join("a/rules");
+        let rules = Arc::new(Rules::load_or_wait(
+            vec![rules_dir.clone()],
+            LoadOptions::default(),
+        ));
+        let _w = tollgate::rules::watch(Arc::clone(&rules)).unwrap();
+        std::fs::create_dir(dir.join("staging")).unwrap();
+        std::fs::write(dir.join("staging/r.yaml"), V1).unwrap();
+        std::fs::create_dir(dir.join("a")).unwrap();
+        std::fs::rename(dir.join("staging"), &rules_dir).unwrap();
+        assert!(wait_for(&rules, 3));
+        assert!(rules.is_loaded());
+        // Its own files are watched from then on.
+        std::fs::write(rules_dir.join("r.yaml"), V1.replace("3}", "6}")).unwrap();
+        assert!(wait_for(&rules, 6));
     }
 
     #[test]

@@ -10,14 +10,19 @@ use axum::Json;
 use serde_json::json;
 use tollgate::rules::ReloadOutcome;
 
-use crate::service::Service;
+use crate::service::{Readiness, Service, NO_RULES};
 
-/// Envoy's name: 200 `OK` while serving, 503 while not ready or draining.
+/// Envoy's name: 200 `OK` while serving, 503 while not ready (starting, or no rules
+/// loaded: the body says so) or draining.
 pub(super) async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
-    if service.is_ready() {
-        (StatusCode::OK, "OK").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "NOT READY").into_response()
+    match service.readiness() {
+        Readiness::Ready => (StatusCode::OK, "OK").into_response(),
+        _ if !service.rules_loaded() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("NOT READY: {NO_RULES}"),
+        )
+            .into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "NOT READY").into_response(),
     }
 }
 
@@ -26,12 +31,14 @@ pub(super) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: rules loaded and listeners up; 503 while draining.
+/// Readiness: rules loaded, listeners up (on Redis, warm); 503 otherwise and while
+/// draining.
 pub(super) async fn readyz(State(service): State<Arc<Service>>) -> Response {
     healthcheck(State(service)).await
 }
 
-/// The active rule set: its files, load time, domains, and the last reload error.
+/// The active rule set: whether one is loaded, its files, load time, domains, and the
+/// last load error (with no rules loaded: why the files do not load).
 pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_json::Value> {
     let rules = service.limiter.rules();
     let set = rules.current();
@@ -41,6 +48,7 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_jso
         .map(|d| json!({"domain": &*d.name, "files": d.files, "rules": d.rule_count(), "limits": d.limit_count()}))
         .collect();
     Json(json!({
+        "loaded": rules.is_loaded(),
         "loaded_at_unix": set.loaded_at().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()),
         "files": set.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "domains": domains,
@@ -56,6 +64,8 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_jso
 pub(super) async fn reload(State(service): State<Arc<Service>>) -> Response {
     let rules = Arc::clone(service.limiter.rules());
     let outcome = tokio::task::spawn_blocking(move || rules.reload()).await;
+    // A first load makes the service ready: tell the health watchers now.
+    service.refresh();
     match outcome {
         Ok(Ok(ReloadOutcome::Reloaded)) => (StatusCode::OK, Json(json!({"outcome": "reloaded"}))).into_response(),
         Ok(Ok(ReloadOutcome::Unchanged)) => (StatusCode::OK, Json(json!({"outcome": "unchanged"}))).into_response(),

@@ -6,7 +6,7 @@
 //! A descriptor is an object of entries in order (key → value), or a list of
 //! `[key, value]` pairs when a key repeats. `hits` is optional (default 1). The answer
 //! is 200 or 429 with the RateLimit headers, `Retry-After` when over the limit, and a
-//! decision per descriptor.
+//! decision per descriptor; 503 with a problem body while no rules are loaded.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tollgate::clock::NANOS_PER_SEC;
 use tollgate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
 
-use super::{bad_request, decided, limiter_error};
+use super::{bad_request, decided, limiter_error, no_rules};
 use crate::service::Service;
 
 pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> Response {
@@ -25,6 +25,9 @@ pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> 
         Ok(r) => r,
         Err(why) => return bad_request(&service, why),
     };
+    if !service.rules_loaded() {
+        return no_rules();
+    }
     match service.decide(&request).await {
         Ok(response) => decided(&service, &response, render(&response)),
         Err(e) => limiter_error(&service, e),

@@ -2,7 +2,8 @@
 //! `RateLimitRequest` in proto3 JSON (lowerCamelCase or the proto's snake_case field
 //! names, 64-bit numbers as numbers or strings, enums by name or number); the answer is
 //! a `RateLimitResponse` in proto3 JSON, 200 when OK, 429 when over the limit, 400 on
-//! bad input. The request goes through the same conversion as gRPC.
+//! bad input, 503 while no rules are loaded. The request goes through the same
+//! conversion as gRPC.
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Map, Value};
 
-use super::{bad_request, decided, limiter_error};
+use super::{bad_request, decided, limiter_error, no_rules};
 use crate::grpc::rls::{from_wire, to_wire};
 use crate::service::Service;
 
@@ -31,6 +32,9 @@ pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> 
         Ok(r) => r,
         Err(why) => return bad_request(&service, why),
     };
+    if !service.rules_loaded() {
+        return no_rules();
+    }
     match service.decide(&request).await {
         Ok(response) => {
             let wire = to_wire(&response, &service);

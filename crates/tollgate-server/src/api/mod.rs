@@ -8,14 +8,14 @@ mod json;
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 use tollgate::limiter::{self, Code, RateLimitResponse};
 
-use crate::service::Service;
+use crate::service::{Service, NO_RULES};
 use tollgate::http::headers::{append_to, headers};
 
 /// Every HTTP route of `tollgate serve`: the check APIs and the admin endpoints.
@@ -46,6 +46,26 @@ pub(crate) fn bad_request(service: &Service, message: impl Into<String>) -> Resp
     (
         StatusCode::BAD_REQUEST,
         axum::Json(json!({ "error": message.into() })),
+    )
+        .into_response()
+}
+
+/// 503 with a problem body (RFC 9457) saying [`NO_RULES`]: the answer of the check
+/// APIs while no rules are loaded.
+pub(crate) fn no_rules() -> Response {
+    let body = json!({
+        "type": "https://tollgate.dev/problems/no-configuration",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": NO_RULES,
+    });
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        )],
+        body.to_string(),
     )
         .into_response()
 }

@@ -25,12 +25,19 @@ use tracing::debug;
 
 use crate::app::stopped;
 use crate::grpc::rls::{self, Failure};
-use crate::grpc::{decode, encode};
-use crate::service::Service;
+use crate::grpc::{decode, encode, health};
+use crate::service::{Service, NO_RULES};
 use crate::workers::Accepted;
 
-/// The methods served, by index.
-const METHODS: &[&str] = &["/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"];
+/// The methods served, by index: [`SHOULD_RATE_LIMIT`], [`HEALTH_CHECK`].
+const METHODS: &[&str] = &[
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    health::CHECK_PATH,
+];
+/// `ShouldRateLimit`'s index in [`METHODS`].
+const SHOULD_RATE_LIMIT: usize = 0;
+/// `grpc.health.v1.Health/Check`'s index in [`METHODS`].
+const HEALTH_CHECK: usize = 1;
 /// A read asks for at least this much room.
 const READ_CHUNK: usize = 16 << 10;
 /// Reading from a client pauses while this much output waits to be written to it.
@@ -146,18 +153,25 @@ fn respond(conn: &mut ServerConn, stream: u32, reply: Result<Vec<u8>, Status>) {
     }
 }
 
-/// One `ShouldRateLimit` call: [`decode::request`], [`rls::decide_request`],
-/// [`encode::response`].
+/// One call: a `ShouldRateLimit` ([`decode::request`], [`rls::decide_request`],
+/// [`encode::response`]; `UNKNOWN` [`NO_RULES`] while no rules are loaded) or a health
+/// `Check` ([`health::check_call`]).
 async fn handle(service: &Service, call: Call) -> (u32, Result<Vec<u8>, Status>) {
+    if call.method == HEALTH_CHECK {
+        return (call.stream, health::check_call(service, &call.message));
+    }
+    debug_assert_eq!(call.method, SHOULD_RATE_LIMIT);
     let reply = match decode::request(&call.message) {
         Err(why) => {
             service.metrics.invalid_request();
             Err(Status::new(Code::InvalidArgument, why.to_string()))
         }
+        Ok(_) if !service.rules_loaded() => Err(Status::new(Code::Unknown, NO_RULES)),
         Ok(request) => match rls::decide_request(service, &request, call.timeout).await {
             Ok(response) => Ok(encode::response(&response, service.headers)),
             Err(Failure::InvalidArgument(why)) => Err(Status::new(Code::InvalidArgument, why)),
             Err(Failure::Unavailable(why)) => Err(Status::new(Code::Unavailable, why)),
+            Err(Failure::NoRules) => Err(Status::new(Code::Unknown, NO_RULES)),
         },
     };
     (call.stream, reply)

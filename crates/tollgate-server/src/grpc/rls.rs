@@ -21,7 +21,7 @@ use tollgate::limiter::{
 };
 use tollgate::rules::Unit;
 
-use crate::service::Service;
+use crate::service::{Service, NO_RULES};
 use tollgate::http::headers::{headers, problem_body, HeaderSettings};
 
 /// The tonic service.
@@ -53,6 +53,7 @@ impl RateLimitService for Rls {
             Ok(response) => Ok(tonic::Response::new(response)),
             Err(Failure::InvalidArgument(why)) => Err(tonic::Status::invalid_argument(why)),
             Err(Failure::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
+            Err(Failure::NoRules) => Err(tonic::Status::unknown(NO_RULES)),
         }
     }
 }
@@ -64,6 +65,10 @@ pub enum Failure {
     InvalidArgument(String),
     /// `UNAVAILABLE`: the store failed and the rule's failure mode gave no answer.
     Unavailable(String),
+    /// `UNKNOWN` with [`NO_RULES`]: no rules are loaded (invalid or missing at start,
+    /// not fixed since), as envoyproxy/ratelimit answers; Envoy's filter then applies
+    /// its `failure_mode_deny` choice.
+    NoRules,
 }
 
 /// `ShouldRateLimit` through envoy-types' structs (tonic): wire request →
@@ -77,6 +82,9 @@ pub async fn answer(
         service.metrics.invalid_request();
         Failure::InvalidArgument(e)
     })?;
+    if !service.rules_loaded() {
+        return Err(Failure::NoRules);
+    }
     let response = decide_request(service, &request, timeout).await?;
     Ok(to_wire(&response, service))
 }

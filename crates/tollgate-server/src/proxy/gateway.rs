@@ -18,7 +18,9 @@ use tracing::{error, info, warn};
 
 use super::forward::{ForwardSettings, Upstream};
 use crate::api::admin_router;
-use crate::app::{core, init_logging, runtime, shutdown_signal, stopped, sweep, Core};
+use crate::app::{
+    core, init_logging, runtime, shutdown_signal, stopped, sweep, Core, InvalidRules,
+};
 use crate::cli::ProxyArgs;
 use crate::metrics::Metrics;
 use crate::service::Service;
@@ -50,7 +52,9 @@ impl InFlight for AnyInFlight {
 }
 
 async fn serve(args: ProxyArgs) -> ExitCode {
-    let Some(core) = core(&args.common, false).await else {
+    // A gateway without rules has no safe answer (forwarding would drop every limit and
+    // deny list, refusing would stop the API): invalid rules stop its start.
+    let Some(core) = core(&args.common, false, InvalidRules::Exit).await else {
         return ExitCode::FAILURE;
     };
     let Core {
@@ -202,7 +206,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
-    service.set_ready(false);
+    service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
     let mut tasks = vec![acceptor];

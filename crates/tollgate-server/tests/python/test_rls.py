@@ -26,6 +26,7 @@ import grpc
 import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 HOST = "127.0.0.1"
 
@@ -420,3 +421,28 @@ def test_a_descriptor_without_entries_is_ok_with_no_limit(stub):
     assert response.statuses[0].code == OK
     assert not response.statuses[0].HasField("current_limit")
     assert response.statuses[0].limit_remaining == 0
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def health(stub, service):
+    """`grpc.health.v1.Health/Check` for `service`, through gRPC's own health stub."""
+    checker = health_pb2_grpc.HealthStub(stub.channel)
+    return checker.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_the_health_service_says_serving_for_the_server_and_for_ratelimit(stub):
+    # "" is the server as a whole (Kubernetes' gRPC probe asks it by default);
+    # "ratelimit" is the name envoyproxy/ratelimit registers, which Envoy's cluster
+    # health checks name.
+    for service in ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"):
+        assert health(stub, service) == SERVING, service
+
+
+def test_the_health_service_does_not_know_other_names(stub):
+    with pytest.raises(grpc.RpcError) as error:
+        health(stub, "no.such.Service")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    # The server keeps serving.
+    assert health(stub, "") == SERVING

@@ -75,6 +75,24 @@ impl Server {
         Server::start_inner(rules, args, ready, None).await
     }
 
+    /// Starts `tollgate serve` as [`Server::start`] does, but waits only until the
+    /// process answers `/healthz` (alive), not until it is ready: for a server that
+    /// starts without valid rules. Its log (standard error) is written to `log`.
+    pub async fn start_alive(rules: &Path, args: &[&str], log: &Path) -> Server {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let alive = |http: String| {
+            let client = client.clone();
+            async move {
+                let r = client.get(format!("http://{http}/healthz")).send().await;
+                r.is_ok_and(|r| r.status() == 200)
+            }
+        };
+        Server::start_inner(rules, args, alive, Some(log)).await
+    }
+
     /// [`Server::start`], with the server's log (its standard error) written to `log`.
     pub async fn start_logging(rules: &Path, args: &[&str], log: &Path) -> Server {
         let client = reqwest::Client::builder()

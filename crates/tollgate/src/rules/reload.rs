@@ -3,7 +3,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -26,8 +26,15 @@ use super::tree::RuleSet;
 /// Whoever serves the rules can prepare for a new set before it is swapped in
 /// ([`before_swap`](Self::before_swap)): `tollgate serve` loads the Redis scripts the new
 /// rules need, so that their first requests find them loaded.
+///
+/// Rules made by [`load_or_wait`](Self::load_or_wait) may start with no set loaded
+/// (their files invalid or missing): [`is_loaded`](Self::is_loaded) says so until a
+/// reload succeeds.
 pub struct Rules {
     current: ArcSwap<RuleSet>,
+    /// A set from the files is in force (false only while `load_or_wait`'s first load
+    /// has not succeeded yet).
+    loaded: AtomicBool,
     before_swap: Mutex<Option<Arc<BeforeSwap>>>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
@@ -43,8 +50,8 @@ pub struct Rules {
 /// Digests of the rule files' names and bytes.
 #[derive(Debug, Default)]
 struct Seen {
-    /// The files of the set in force.
-    loaded: u64,
+    /// The files of the set in force (`None` while none is loaded).
+    loaded: Option<u64>,
     /// The files of the last set that failed, if none has loaded since.
     failed: Option<u64>,
 }
@@ -63,27 +70,67 @@ pub enum ReloadOutcome {
 }
 
 impl Rules {
-    /// Loads the rules from `paths` (files or directories).
+    /// Loads the rules from `paths` (files or directories); `Err` with every problem
+    /// when they are invalid or a path does not exist.
     pub fn load(paths: Vec<PathBuf>, options: LoadOptions) -> Result<Self, ConfigErrors> {
+        let mut rules = Self::load_or_wait(paths, options);
+        match rules.last_error.get_mut().take() {
+            None => Ok(rules),
+            Some(errors) => Err(errors),
+        }
+    }
+
+    /// Loads the rules from `paths` as [`load`](Self::load) does, but keeps going when
+    /// they are invalid (or a path does not exist): then no set is loaded
+    /// ([`is_loaded`](Self::is_loaded) is false and [`current`](Self::current) is an
+    /// empty set), the errors are kept in [`last_error`](Self::last_error) and counted
+    /// in [`load_failures`](Self::load_failures), and the first [`reload`](Self::reload)
+    /// that finds valid files loads them (the file watcher and SIGHUP call it). A
+    /// service can so start with a broken rule file, say it is not ready, and serve as
+    /// soon as the file is fixed, instead of exiting.
+    ///
+    /// A [`Limiter`](crate::limiter::Limiter) over rules not loaded decides by the
+    /// empty set (every descriptor `OK`, unlimited): ask `is_loaded` before deciding,
+    /// as `tollgate serve` does (it answers "no rate limit configuration loaded").
+    pub fn load_or_wait(paths: Vec<PathBuf>, options: LoadOptions) -> Self {
         // Digest first: a file changed while loading makes the next reload load it.
-        let loaded = digest(&paths);
-        let set = load(&paths, options)?;
-        let rules = Self::fixed(set);
-        Ok(Self {
+        let digest = digest(&paths);
+        let (set, seen, error) = match load(&paths, options) {
+            Ok(set) => (
+                set,
+                Seen {
+                    loaded: Some(digest),
+                    failed: None,
+                },
+                None,
+            ),
+            Err(errors) => (
+                RuleSet::default(),
+                Seen {
+                    loaded: None,
+                    failed: Some(digest),
+                },
+                Some(errors),
+            ),
+        };
+        let loaded = error.is_none();
+        Self {
+            loaded: AtomicBool::new(loaded),
             paths,
             options,
-            seen: Mutex::new(Seen {
-                loaded,
-                failed: None,
-            }),
-            ..rules
-        })
+            seen: Mutex::new(seen),
+            successes: AtomicU64::new(u64::from(loaded)),
+            failures: AtomicU64::new(u64::from(!loaded)),
+            last_error: Mutex::new(error),
+            ..Self::fixed(set)
+        }
     }
 
     /// A fixed rule set that [`reload`](Self::reload) never changes (no paths).
     pub fn fixed(set: RuleSet) -> Self {
         Self {
             current: ArcSwap::from_pointee(set),
+            loaded: AtomicBool::new(true),
             before_swap: Mutex::new(None),
             paths: Vec::new(),
             options: LoadOptions::default(),
@@ -95,9 +142,15 @@ impl Rules {
         }
     }
 
-    /// The rule set in force.
+    /// The rule set in force (an empty one while none [`is_loaded`](Self::is_loaded)).
     pub fn current(&self) -> Arc<RuleSet> {
         self.current.load_full()
+    }
+
+    /// Whether a rule set from the files is in force: always, except for rules made by
+    /// [`load_or_wait`](Self::load_or_wait) whose files have not loaded yet.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
     }
 
     /// Runs `hook` with every new rule set that [`reload`](Self::reload) loads and
@@ -131,7 +184,7 @@ impl Rules {
         let mut seen = self.seen.lock();
         self.attempts.fetch_add(1, Ordering::Relaxed);
         let digest = digest(&self.paths);
-        if digest == seen.loaded {
+        if Some(digest) == seen.loaded {
             seen.failed = None;
             if self.last_error.lock().take().is_some() {
                 tracing::info!("the rule files are back to the rules in force");
@@ -152,18 +205,27 @@ impl Rules {
                     hook(&set);
                 }
                 self.current.store(Arc::new(set));
+                let first = !self.loaded.swap(true, Ordering::AcqRel);
                 *seen = Seen {
-                    loaded: digest,
+                    loaded: Some(digest),
                     failed: None,
                 };
                 self.successes.fetch_add(1, Ordering::Relaxed);
                 *self.last_error.lock() = None;
-                tracing::info!(domains, rules, "rules reloaded");
+                if first {
+                    tracing::info!(domains, rules, "rules loaded: the first valid rules");
+                } else {
+                    tracing::info!(domains, rules, "rules reloaded");
+                }
                 Ok(ReloadOutcome::Reloaded)
             }
             Err(errors) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(errors = %errors, "rules not reloaded: the old rules keep serving");
+                if self.is_loaded() {
+                    tracing::error!(errors = %errors, "rules not reloaded: the old rules keep serving");
+                } else {
+                    tracing::error!(errors = %errors, "rules not loaded: still no rules in force");
+                }
                 *self.last_error.lock() = Some(errors.clone());
                 seen.failed = Some(digest);
                 Err(errors)
@@ -178,12 +240,13 @@ impl Rules {
         self.attempts.load(Ordering::Relaxed)
     }
 
-    /// Successful loads so far (the first load counts).
+    /// Successful loads so far (the first load counts, when it succeeded).
     pub fn load_successes(&self) -> u64 {
         self.successes.load(Ordering::Relaxed)
     }
 
-    /// Failed reloads so far: each failing set of files counts once.
+    /// Failed loads so far (a failed first load of [`load_or_wait`](Self::load_or_wait)
+    /// included): each failing set of files counts once.
     pub fn load_failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
@@ -195,9 +258,13 @@ impl Rules {
 }
 
 /// A hash of the rule files' names and contents, to skip reloads that change nothing.
-/// A file that cannot be read counts as empty (the load reports why).
+/// A file that cannot be read counts as empty (the load reports why). Whether each
+/// path exists counts too: a missing directory that appears empty is a change.
 fn digest(paths: &[PathBuf]) -> u64 {
     let mut h = DefaultHasher::new();
+    for path in paths {
+        (path.exists(), path.is_dir()).hash(&mut h);
+    }
     for file in rule_files(paths, &mut Vec::new()) {
         file.hash(&mut h);
         std::fs::read(&file).unwrap_or_default().hash(&mut h);

@@ -13,11 +13,18 @@
 //! metadata really changed, access time aside: the kernel reports a read that updates a
 //! file's access time as a metadata change, and the reload's own reads would otherwise
 //! wake the watcher again.
+//!
+//! A path that does not exist is watched through its nearest existing ancestor, so
+//! that its appearance (a directory created or renamed into place, a volume mounted)
+//! reloads; the watched directories are worked out again before each reload, so a
+//! directory that appeared is watched itself from then on.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use notify::event::{EventKind, MetadataKind, ModifyKind};
@@ -30,7 +37,7 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Keeps the file watcher alive; dropping it stops watching.
 pub struct Watcher {
-    _watcher: notify::RecommendedWatcher,
+    _watcher: Arc<Mutex<notify::RecommendedWatcher>>,
 }
 
 /// What an event asks of the watcher thread.
@@ -58,34 +65,20 @@ fn wake(kind: &EventKind) -> Option<Wake> {
 
 /// Starts reloading `rules` whenever a file in their directories changes.
 pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
-    let mut dirs: Vec<PathBuf> = rules
-        .paths()
-        .iter()
-        .map(|p| {
-            if p.is_dir() {
-                p.clone()
-            } else {
-                p.parent().map(PathBuf::from).unwrap_or_default()
-            }
-        })
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                p
-            }
-        })
-        .collect();
-    dirs.sort();
-    dirs.dedup();
+    let dirs = directories(rules.paths());
     let (tx, rx) = mpsc::channel::<Wake>();
-    let watched = dirs.clone();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+    let watched = Arc::new(Mutex::new(dirs.clone()));
+    let seen_dirs = Arc::clone(&watched);
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
             Ok(event) => match wake(&event.kind) {
                 // The directories' own metadata: their access time moves when they are
                 // listed, which every reload does.
-                Some(Wake::Metadata) if event.paths.iter().all(|p| watched.contains(p)) => {}
+                Some(Wake::Metadata)
+                    if {
+                        let watched = seen_dirs.lock();
+                        event.paths.iter().all(|p| watched.contains(p))
+                    } => {}
                 Some(w) => {
                     let _ = tx.send(w);
                 }
@@ -94,9 +87,12 @@ pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
             Err(e) => tracing::warn!(error = %e, "watching the rule files"),
         }
     })?;
+    let watcher = Arc::new(Mutex::new(watcher));
     for dir in &dirs {
-        watcher.watch(dir, RecursiveMode::NonRecursive)?;
+        watcher.lock().watch(dir, RecursiveMode::NonRecursive)?;
     }
+    // Weak: dropping the `Watcher` drops the notify watcher, which ends this thread.
+    let handle = Arc::downgrade(&watcher);
     let mut seen = stamp(rules.paths());
     thread::Builder::new()
         .name("tollgate-rules-watch".into())
@@ -107,6 +103,8 @@ pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
                 while let Ok(w) = rx.recv_timeout(DEBOUNCE) {
                     change |= w == Wake::Change;
                 }
+                // A path that appeared is watched itself, before the reload reads it.
+                rewatch(&handle, &watched, rules.paths());
                 // Before the reload, so that a change made during it is seen next time.
                 let now = stamp(rules.paths());
                 if change || now != seen {
@@ -117,6 +115,75 @@ pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
         })
         .map_err(|e| notify::Error::generic(&e.to_string()))?;
     Ok(Watcher { _watcher: watcher })
+}
+
+/// The directories to watch for `paths`: a directory itself, a file's directory, and
+/// for a path that does not exist its nearest existing ancestor.
+fn directories(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = paths
+        .iter()
+        .map(|p| {
+            let mut dir = if p.is_dir() {
+                p.clone()
+            } else {
+                p.parent().map(PathBuf::from).unwrap_or_default()
+            };
+            while !dir.as_os_str().is_empty() && !dir.is_dir() {
+                dir = dir.parent().map(PathBuf::from).unwrap_or_default();
+            }
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            }
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Watches the directories `paths` need now and stops watching those they no longer
+/// need (a path that appeared is watched itself instead of its ancestor).
+fn rewatch(
+    handle: &Weak<Mutex<notify::RecommendedWatcher>>,
+    watched: &Mutex<Vec<PathBuf>>,
+    paths: &[PathBuf],
+) {
+    let Some(watcher) = handle.upgrade() else {
+        return;
+    };
+    let wanted = directories(paths);
+    // Not held while watching: notify's event thread takes it in the event handler,
+    // and `watch` waits for that thread. Only this thread changes the list.
+    let before = watched.lock().clone();
+    if before == wanted {
+        return;
+    }
+    let mut now = Vec::with_capacity(wanted.len());
+    let mut watcher = watcher.lock();
+    for dir in &wanted {
+        if before.contains(dir) {
+            now.push(dir.clone());
+            continue;
+        }
+        // One that cannot be watched now is tried again after the next event.
+        match watcher.watch(dir, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), "watching a new rule directory");
+                now.push(dir.clone());
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a rule directory")
+            }
+        }
+    }
+    for dir in before.iter().filter(|d| !wanted.contains(d)) {
+        // A directory that went away is no longer watched anyway.
+        let _ = watcher.unwatch(dir);
+    }
+    drop(watcher);
+    *watched.lock() = now;
 }
 
 /// The rule files' metadata as a reload cares about it (followed through symlinks):
