@@ -216,11 +216,14 @@ async fn run(args: ServeArgs) -> ExitCode {
         draft: args.ratelimit_headers,
         legacy: args.common.legacy_headers,
     };
-    let service = Arc::new(Service::new(
-        Arc::new(limiter),
-        Arc::new(Metrics::new(args.common.near_limit_ratio)),
-        headers,
-    ));
+    let service = Arc::new(
+        Service::new(
+            Arc::new(limiter),
+            Arc::new(Metrics::new(args.common.near_limit_ratio)),
+            headers,
+        )
+        .with_dynamic_metadata(args.response_dynamic_metadata),
+    );
     // On Redis: reloads load the new rules' scripts before the swap, and the start
     // waits (bounded) for the workers' connections and the scripts (see warm.rs).
     let redis = service.limiter.store().redis().cloned();

@@ -110,6 +110,11 @@ pub struct ServeArgs {
     /// Global shadow mode: report every status, but always answer OK overall.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
+    /// Send the response's dynamic metadata (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`): the domain, the descriptors, and which passed, with
+    /// their rules' `metadata`.
+    #[arg(long, env = "TOLLGATE_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
     #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ratelimit_headers: bool,

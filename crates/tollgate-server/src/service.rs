@@ -37,6 +37,9 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// Which rate limit headers to add.
     pub headers: HeaderSettings,
+    /// Send the response's dynamic metadata (`--response-dynamic-metadata`; see
+    /// `grpc::metadata`).
+    pub dynamic_metadata: bool,
     /// Listeners up (and, on Redis, warm).
     started: AtomicBool,
     draining: AtomicBool,
@@ -56,10 +59,16 @@ impl Service {
             limiter,
             metrics,
             headers,
+            dynamic_metadata: false,
             started: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             readiness: watch::Sender::new(Readiness::NotReady),
         }
+    }
+    /// The same service, sending the response's dynamic metadata or not.
+    pub fn with_dynamic_metadata(mut self, on: bool) -> Self {
+        self.dynamic_metadata = on;
+        self
     }
 
     /// Decides a request, recording metrics. Front ends check

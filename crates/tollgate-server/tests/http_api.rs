@@ -162,6 +162,39 @@ async fn envoys_json_endpoint_speaks_proto3_json() {
 }
 
 #[tokio::test]
+async fn envoys_json_endpoint_sends_dynamic_metadata_when_asked() {
+    let dir = tempdir("json-metadata");
+    let rules = format!("{RULES}  - key: tier\n    metadata: {{team: payments, weight: 2}}\n");
+    std::fs::write(dir.join("api.yaml"), rules).unwrap();
+    let s = Server::start(&dir, &["--response-dynamic-metadata"]).await;
+    let c = Client::new();
+    let req = json!({"domain": "api", "hitsAddend": 2, "descriptors": [
+        {"entries": [{"key": "tier", "value": "gold"}]},
+        {"entries": [{"key": "path", "value": "/upload/a.png"}]}
+    ]});
+    let answer = c
+        .post(format!("{}/json", s.http))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 429, "uploads allow 1 an hour, 2 asked");
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(
+        body["dynamicMetadata"],
+        json!({
+            "domain": "api",
+            "hitsAddend": 2.0,
+            "descriptors": [
+                {"entries": ["tier=gold"], "code": "OK",
+                 "metadata": {"team": "payments", "weight": 2.0}},
+                {"entries": ["path=/upload/a.png"], "code": "OVER_LIMIT"}
+            ]
+        })
+    );
+}
+
+#[tokio::test]
 async fn health_rules_and_metrics_endpoints_answer() {
     let s = server("admin", &[]).await;
     let c = Client::new();

@@ -38,7 +38,14 @@ pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> 
     match service.decide(&request).await {
         Ok(response) => {
             let wire = to_wire(&response, &service);
-            decided(&service, &response, render(&wire))
+            let mut body = render(&wire);
+            if service.dynamic_metadata {
+                let m = crate::grpc::metadata::dynamic_metadata(&request, &response);
+                if let Value::Object(out) = &mut body {
+                    out.insert("dynamicMetadata".into(), json_of(&m));
+                }
+            }
+            decided(&service, &response, body)
         }
         Err(e) => limiter_error(&service, e),
     }
@@ -157,6 +164,24 @@ fn descriptor(i: usize, v: &Value) -> Result<RateLimitDescriptor, String> {
         hits_addend,
         is_negative_hits: false,
     })
+}
+
+/// A metadata tree as JSON (`google.protobuf.Struct`'s JSON form).
+fn json_of(m: &tollgate::rules::Metadata) -> Value {
+    use tollgate::rules::Metadata as M;
+    match m {
+        M::Null => Value::Null,
+        M::Bool(b) => json!(b),
+        M::Number(n) => json!(n),
+        M::String(s) => json!(s),
+        M::List(items) => Value::Array(items.iter().map(json_of).collect()),
+        M::Map(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(k, v)| (k.clone(), json_of(v)))
+                .collect(),
+        ),
+    }
 }
 
 /// The response in proto3 JSON (default values left out, as proto3 JSON does).

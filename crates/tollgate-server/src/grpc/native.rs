@@ -25,7 +25,7 @@ use tracing::debug;
 
 use crate::app::stopped;
 use crate::grpc::rls::{self, Failure};
-use crate::grpc::{decode, encode, health};
+use crate::grpc::{decode, encode, health, metadata};
 use crate::service::{Service, NO_RULES};
 use crate::workers::Accepted;
 
@@ -168,7 +168,15 @@ async fn handle(service: &Service, call: Call) -> (u32, Result<Vec<u8>, Status>)
         }
         Ok(_) if !service.rules_loaded() => Err(Status::new(Code::Unknown, NO_RULES)),
         Ok(request) => match rls::decide_request(service, &request, call.timeout).await {
-            Ok(response) => Ok(encode::response(&response, service.headers)),
+            Ok(response) => {
+                let mut bytes = encode::response(&response, service.headers);
+                if service.dynamic_metadata {
+                    // Field 6, `dynamic_metadata` (fields may come in any order).
+                    let m = metadata::dynamic_metadata(&request, &response);
+                    metadata::write_struct(&mut bytes, 6, &m);
+                }
+                Ok(bytes)
+            }
             Err(Failure::InvalidArgument(why)) => Err(Status::new(Code::InvalidArgument, why)),
             Err(Failure::Unavailable(why)) => Err(Status::new(Code::Unavailable, why)),
             Err(Failure::NoRules) => Err(Status::new(Code::Unknown, NO_RULES)),

@@ -86,7 +86,23 @@ pub async fn answer(
         return Err(Failure::NoRules);
     }
     let response = decide_request(service, &request, timeout).await?;
-    Ok(to_wire(&response, service))
+    Ok(to_wire_for(&request, &response, service))
+}
+
+/// [`to_wire`], with the dynamic metadata when the service sends it (it needs the
+/// request too).
+pub fn to_wire_for(
+    request: &RateLimitRequest,
+    response: &RateLimitResponse,
+    service: &Service,
+) -> WireResponse {
+    let mut wire = to_wire(response, service);
+    if service.dynamic_metadata {
+        wire.dynamic_metadata = Some(super::metadata::to_struct(
+            &super::metadata::dynamic_metadata(request, response),
+        ));
+    }
+    wire
 }
 
 /// The decision for a request already read off the wire (by [`from_wire`], or by

@@ -24,6 +24,7 @@ import urllib.request
 
 import grpc
 import pytest
+from google.protobuf import json_format
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,6 +41,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1, name: uploads}
   - key: unlimited
     rate_limit: {unlimited: true}
+  - key: tier
+    rate_limit: {unit: hour, requests_per_unit: 1, name: tiers}
+    metadata:
+      team: payments
+      weight: 2
+      tags: [gold, "eu"]
 """
 
 OK = rls_pb2.RateLimitResponse.OK
@@ -120,6 +127,7 @@ def stub(request, tmp_path_factory):
         "--grpc-listen", f"{HOST}:{grpc_port}",
         "--http-listen", f"{HOST}:{http_port}",
         "--legacy-headers",
+        "--response-dynamic-metadata",
     ]
     if request.param == "mutual-tls":
         certificates = tmp / "certificates"
@@ -313,6 +321,32 @@ def test_hits_addend_charges_several_hits_at_once(stub):
     response = check(stub, [("user", "dave")])
     assert response.overall_code == OK
     assert response.statuses[0].limit_remaining == 0
+
+
+def test_dynamic_metadata_names_the_request_and_the_passing_descriptors_metadata(stub):
+    away_from_window_end(60)
+    response = check(stub, [("tier", "t1")], [("user", "grace")], hits_addend=1)
+    assert response.overall_code == OK
+    metadata = json_format.MessageToDict(response.dynamic_metadata)
+    assert metadata == {
+        "domain": "test",
+        "hitsAddend": 1.0,
+        "descriptors": [
+            {"entries": ["tier=t1"], "code": "OK",
+             "metadata": {"team": "payments", "weight": 2.0, "tags": ["gold", "eu"]}},
+            {"entries": ["user=grace"], "code": "OK"},
+        ],
+    }, metadata
+
+    # tiers allows one an hour: the second request is over the limit, and a descriptor
+    # that did not pass carries no metadata (what passed is what routing may use).
+    response = check(stub, [("tier", "t1")])
+    assert response.overall_code == OVER_LIMIT
+    metadata = json_format.MessageToDict(response.dynamic_metadata)
+    assert metadata == {
+        "domain": "test",
+        "descriptors": [{"entries": ["tier=t1"], "code": "OVER_LIMIT"}],
+    }, metadata
 
 
 def test_malformed_requests_are_invalid_arguments_and_the_server_keeps_serving(stub):
