@@ -215,6 +215,9 @@ async fn run(args: ServeArgs) -> ExitCode {
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
         legacy: args.common.legacy_headers,
+        envoy: args.envoy_headers,
+        retry_after: args.retry_after,
+        problem_body: args.problem_body,
     };
     let service = Arc::new(
         Service::new(

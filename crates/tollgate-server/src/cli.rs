@@ -118,6 +118,19 @@ pub struct ServeArgs {
     /// Add the IETF draft `RateLimit-Policy` and `RateLimit` headers.
     #[arg(long, env = "TOLLGATE_RATELIMIT_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ratelimit_headers: bool,
+    /// Add envoyproxy/ratelimit's `RateLimit-Limit`, `RateLimit-Remaining` and
+    /// `RateLimit-Reset` headers (its `LIMIT_RESPONSE_HEADERS_ENABLED`), for the
+    /// descriptor over its limit, else the one with the least remaining.
+    #[arg(long, env = "TOLLGATE_ENVOY_HEADERS")]
+    pub envoy_headers: bool,
+    /// Add `Retry-After` to an OVER_LIMIT answer that can pass later (envoyproxy/ratelimit
+    /// sends none: `--retry-after=false`).
+    #[arg(long, env = "TOLLGATE_RETRY_AFTER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub retry_after: bool,
+    /// Send a problem detail (JSON naming the violated limits) as the `raw_body` of an
+    /// OVER_LIMIT answer (envoyproxy/ratelimit sends none: `--problem-body=false`).
+    #[arg(long, env = "TOLLGATE_PROBLEM_BODY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub problem_body: bool,
     /// Exit at start-up when the rules are invalid or a `--config` path does not exist.
     /// Without it the service starts anyway, as envoyproxy/ratelimit does: it logs
     /// every error, is not ready (`/readyz` 503, gRPC health NOT_SERVING), answers every

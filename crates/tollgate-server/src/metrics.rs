@@ -415,7 +415,7 @@ mod tests {
             }),
             from_cache: false,
             failure_mode: None,
-            quota: false,
+            quota: None,
             metadata: None,
         };
         let response = RateLimitResponse {

@@ -164,7 +164,9 @@ async fn envoys_json_endpoint_speaks_proto3_json() {
 #[tokio::test]
 async fn envoys_json_endpoint_sends_dynamic_metadata_when_asked() {
     let dir = tempdir("json-metadata");
-    let rules = format!("{RULES}  - key: tier\n    metadata: {{team: payments, weight: 2}}\n");
+    let rules = format!(
+        "{RULES}  - key: tier\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n    metadata: {{team: payments, weight: 2}}\n"
+    );
     std::fs::write(dir.join("api.yaml"), rules).unwrap();
     let s = Server::start(&dir, &["--response-dynamic-metadata"]).await;
     let c = Client::new();
@@ -186,10 +188,10 @@ async fn envoys_json_endpoint_sends_dynamic_metadata_when_asked() {
             "domain": "api",
             "hitsAddend": 2.0,
             "descriptors": [
-                {"entries": ["tier=gold"], "code": "OK",
-                 "metadata": {"team": "payments", "weight": 2.0}},
+                {"entries": ["tier=gold"], "code": "OK"},
                 {"entries": ["path=/upload/a.png"], "code": "OVER_LIMIT"}
-            ]
+            ],
+            "metadata": {"team": "payments", "weight": 2.0}
         })
     );
 }

@@ -28,6 +28,7 @@
 //! ```
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -142,10 +143,13 @@ pub struct DescriptorStatus {
     pub from_cache: bool,
     /// Set when the store failed and this status comes from the rule's failure mode.
     pub failure_mode: Option<FailureMode>,
-    /// Quota mode: over its limit, this descriptor alone does not make the request
-    /// OVER_LIMIT (only every quota-mode descriptor over together does).
-    pub quota: bool,
-    /// The matched rule's `metadata`, for the response's dynamic metadata.
+    /// Quota mode, with the descriptor's quota group: over its limit, this descriptor
+    /// alone does not make the request OVER_LIMIT; every quota group having a
+    /// descriptor over its limit does (see [`quota_groups`]).
+    pub quota: Option<u32>,
+    /// The matched rule's `metadata`, for the response's dynamic metadata: set when the
+    /// rule's own limit was checked (not for `unlimited`, a rule without a limit, or a
+    /// request's own limit, as Envoy's service does).
     pub metadata: Option<Arc<Metadata>>,
 }
 
@@ -164,7 +168,7 @@ impl DescriptorStatus {
             metric: None,
             from_cache: false,
             failure_mode: None,
-            quota: false,
+            quota: None,
             metadata: None,
         }
     }
@@ -286,7 +290,7 @@ struct Run<'r> {
     limit: Cow<'r, RuleLimit>,
     cost: u64,
     shadow: bool,
-    quota: bool,
+    quota: Option<u32>,
     charge: ChargeRejected,
 }
 
@@ -478,11 +482,13 @@ impl<S: Store> Limiter<S> {
                 }
             })
             .collect();
-        // Quota-mode descriptors over their limit reject the request only all together.
-        let over_limit = |s: &&DescriptorStatus| s.code == Code::OverLimit;
-        let quota: Vec<&DescriptorStatus> = statuses.iter().filter(|s| s.quota).collect();
-        let over = statuses.iter().filter(|s| !s.quota).any(|s| over_limit(&s))
-            || (!quota.is_empty() && quota.iter().all(over_limit));
+        // Quota-mode descriptors over their limit reject the request only when every
+        // quota group has one (the stores' rule: `store::rejects`).
+        let over = crate::store::rejects_by(
+            statuses
+                .iter()
+                .map(|s| (false, s.quota, s.code == Code::Ok)),
+        );
         RateLimitResponse {
             overall: if over && !self.settings.global_shadow_mode {
                 Code::OverLimit
@@ -576,7 +582,6 @@ fn static_status(
     let mut status = DescriptorStatus::unlimited_by_rules();
     if let (Some(domain), Some(rule)) = (domain, rule) {
         status.metric = Some(metric_key(domain, rule, entries));
-        status.metadata = rule.metadata.clone();
         if rule.unlimited {
             status.remaining = u64::from(u32::MAX);
         }
@@ -618,7 +623,11 @@ fn decided_status(
         from_cache: d.from_cache,
         failure_mode: None,
         quota: run.quota,
-        metadata: rule.and_then(|r| r.metadata.clone()),
+        // The rule's own limit carries its metadata; a request's own limit has none.
+        metadata: match run.limit {
+            Cow::Borrowed(_) => rule.and_then(|r| r.metadata.clone()),
+            Cow::Owned(_) => None,
+        },
         metric: match (domain, rule) {
             (Some(dom), Some(rule)) => Some(metric_key(dom, rule, entries)),
             (Some(dom), None) => Some(MetricKey {
@@ -628,6 +637,41 @@ fn decided_status(
             _ => None,
         },
     }
+}
+
+/// The quota group of each descriptor, as Envoy's service groups quota-mode descriptors:
+/// those naming the same `backend_name` and `model_name_override` (one of them may be
+/// missing) are one group, and any other descriptor is grouped with those of identical
+/// entries. A group is named by the index of its first descriptor.
+pub fn quota_groups(descriptors: &[Descriptor]) -> Vec<u32> {
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'a> {
+        Model(&'a str, &'a str),
+        Entries(&'a [(String, String)]),
+    }
+    let mut first: HashMap<Key<'_>, u32> = HashMap::with_capacity(descriptors.len());
+    descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let (mut backend, mut model) = ("", "");
+            for (k, v) in &d.entries {
+                match k.as_str() {
+                    "backend_name" => backend = v,
+                    "model_name_override" => model = v,
+                    _ => {}
+                }
+            }
+            let key = if backend.is_empty() && model.is_empty() {
+                Key::Entries(&d.entries)
+            } else {
+                Key::Model(backend, model)
+            };
+            *first
+                .entry(key)
+                .or_insert(u32::try_from(i).unwrap_or(u32::MAX))
+        })
+        .collect()
 }
 
 /// Works out which limits to run: matching (once per descriptor), `unlimited`,
@@ -646,13 +690,15 @@ fn plan<'r>(
         return plan;
     };
     let default_cost = request.hits_addend.max(1);
+    let mut groups: Option<Vec<u32>> = None;
     for (i, d) in request.descriptors.iter().enumerate() {
         let cost = d.hits_addend.unwrap_or(default_cost);
         let rule = domain.find(&d.entries).map(|m| m.rule);
         plan.matched
             .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
         let shadow = rule.is_some_and(|r| r.shadow_mode);
-        let quota = settings.global_quota_mode || rule.is_some_and(|r| r.quota_mode);
+        let quota = (settings.global_quota_mode || rule.is_some_and(|r| r.quota_mode))
+            .then(|| groups.get_or_insert_with(|| quota_groups(&request.descriptors))[i]);
         let charge = rule
             .and_then(|r| r.charge_rejected)
             .or(domain.charge_rejected)

@@ -57,9 +57,22 @@ mod errors {
     }
 
     #[test]
+    fn charge_rejected_and_metadata_are_checked() {
+        let e = errors("domain: d\ncharge_rejected: sometimes\ndescriptors:\n  - key: k\n    charge_rejected: [all]\n    metadata: just text\n");
+        assert_eq!(
+            e,
+            [
+                "2:18: `charge_rejected` must be none, over_limit or all",
+                "5:22: `charge_rejected` must be none, over_limit or all",
+                "6:15: `metadata` must be a mapping",
+            ]
+        );
+    }
+
+    #[test]
     fn an_unknown_key_is_named_with_its_place() {
         let e = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 1}\n");
-        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor)"]);
+        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor, charge_rejected)"]);
     }
 
     #[test]
@@ -332,6 +345,38 @@ mod null_values {
 
 mod extensions {
     use super::*;
+
+    #[test]
+    fn charge_rejected_is_inherited_until_a_descriptor_sets_its_own() {
+        let (l, _) = limiter(
+            "domain: c
+charge_rejected: all
+descriptors:
+  - key: team
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: spared
+    charge_rejected: none
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+        );
+        let cost = |entries: &[(&str, &str)], hits: u64| {
+            let mut r = req("c", entries);
+            r.hits_addend = hits;
+            l.check_now(&r).unwrap()
+        };
+        // The domain's `all` reaches the nested rule: the refused 3 are charged.
+        let team = [("team", "t"), ("user", "u")];
+        let r = cost(&team, 3);
+        assert_eq!((r.overall, r.statuses[0].remaining), (Code::OverLimit, 0));
+        assert_eq!(cost(&team, 1).overall, Code::OverLimit);
+        // `none` on a descriptor wins: refused, charged nothing, 2 still left.
+        let spared = [("spared", "s")];
+        let r = cost(&spared, 3);
+        assert_eq!((r.overall, r.statuses[0].remaining), (Code::OverLimit, 2));
+        assert_eq!(cost(&spared, 2).overall, Code::Ok);
+    }
 
     #[test]
     fn replaces_skips_the_named_limit_of_other_descriptors() {

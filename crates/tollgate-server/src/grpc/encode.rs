@@ -164,7 +164,7 @@ impl<'a> WireStatus<'a> {
 /// `rls::to_wire(response, ..).encode_to_vec()` gives.
 pub fn response(response: &RateLimitResponse, settings: HeaderSettings) -> Vec<u8> {
     let fields = headers(response, settings);
-    let body = if response.overall == Code::OverLimit {
+    let body = if settings.problem_body && response.overall == Code::OverLimit {
         problem_body(response)
     } else {
         Vec::new()
@@ -258,7 +258,7 @@ mod tests {
                     }),
                     from_cache: false,
                     failure_mode: None,
-                    quota: false,
+                    quota: None,
                     metadata: None,
                 }
             })
@@ -270,16 +270,16 @@ mod tests {
         #[test]
         fn writes_what_prost_writes(
             statuses in proptest::collection::vec(status(), 0..4),
-            draft in any::<bool>(),
-            legacy in any::<bool>(),
+            flags in any::<[bool; 5]>(),
         ) {
+            let [draft, legacy, envoy, retry_after, problem_body] = flags;
             let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
                 Code::OverLimit
             } else {
                 Code::Ok
             };
             let decision = RateLimitResponse { overall, statuses, store_failure: None };
-            let settings = HeaderSettings { draft, legacy };
+            let settings = HeaderSettings { draft, legacy, envoy, retry_after, problem_body };
             let expected = to_wire_with(&decision, settings).encode_to_vec();
             prop_assert_eq!(response(&decision, settings), expected);
         }

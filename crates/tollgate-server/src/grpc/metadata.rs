@@ -1,19 +1,26 @@
 //! The response's dynamic metadata (`--response-dynamic-metadata`), as envoyproxy/ratelimit
 //! sends it with `RESPONSE_DYNAMIC_METADATA=true`: the request's domain and descriptors,
-//! and which descriptors passed, with the matched rule's `metadata` (what Envoy's
+//! and the `metadata` of the rules of the descriptors that passed (what Envoy's
 //! quota-aware routing reads: a filter after the rate limit filter finds it under
 //! `envoy.filters.http.ratelimit`).
 //!
 //! ```text
 //! { domain: "<domain>",
 //!   descriptors: [ { entries: ["key=value", ...],
-//!                    limit: { requestsPerUnit: N, unit: "MINUTE" },   (a request's own limit)
-//!                    hitsAddend: N,                                    (a descriptor's own cost)
-//!                    code: "OK" | "OVER_LIMIT",
-//!                    metadata: { ... } },                              (the rule's, when OK)
+//!                    limit: "requests_per_unit:N unit:MINUTE",   (a request's own limit)
+//!                    hitsAddend: N,                               (a descriptor's own cost)
+//!                    code: "OK" | "OVER_LIMIT" },                 (Tollgate's addition)
 //!                  ... ],
-//!   hitsAddend: N }                                                    (when the request says)
+//!   hitsAddend: N,                        (when the request sets it)
+//!   metadata: { ... },                    (the passing descriptors' rules' metadata, merged)
+//!   passedBackends: [ { backend_name: "...", model_name_override: "..." }, ... ] }
+//!                                         (with quota-mode descriptors: the passing ones')
 //! ```
+//!
+//! A descriptor passes when its status is OK, unless it is in quota mode and its quota
+//! group is over (see `tollgate::limiter::quota_groups`). The merge keeps the first
+//! value of a field, and merges maps field by field. Only a rule whose own limit was
+//! checked contributes its metadata (not `unlimited`, not a request's own limit).
 //!
 //! One tree ([`Metadata`]) is built per answer, then turned into tonic's
 //! `google.protobuf.Struct` ([`to_struct`]) or written as protobuf bytes by the native
@@ -22,15 +29,20 @@
 use std::collections::HashMap;
 
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
-use tollgate::limiter::{Code, RateLimitRequest, RateLimitResponse};
+use tollgate::limiter::{quota_groups, Code, RateLimitRequest, RateLimitResponse};
 use tollgate::rules::Metadata;
+
+/// The descriptor entries that name a quota group's backend and model.
+const BACKEND: &str = "backend_name";
+const MODEL: &str = "model_name_override";
 
 /// The dynamic metadata of `response` to `request`.
 pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse) -> Metadata {
+    let statuses = &response.statuses;
     let descriptors = request
         .descriptors
         .iter()
-        .zip(&response.statuses)
+        .zip(statuses)
         .map(|(d, s)| {
             let mut fields = vec![(
                 "entries".to_string(),
@@ -44,26 +56,22 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
             if let Some(o) = d.limit {
                 fields.push((
                     "limit".into(),
-                    Metadata::Map(vec![
-                        (
-                            "requestsPerUnit".into(),
-                            Metadata::Number(o.requests_per_unit as f64),
-                        ),
-                        ("unit".into(), Metadata::String(o.unit.name().into())),
-                    ]),
+                    Metadata::String(format!(
+                        "requests_per_unit:{} unit:{}",
+                        o.requests_per_unit,
+                        o.unit.name()
+                    )),
                 ));
             }
             if let Some(h) = d.hits_addend {
                 fields.push(("hitsAddend".into(), Metadata::Number(h as f64)));
             }
-            let passed = s.code == Code::Ok;
-            fields.push((
-                "code".into(),
-                Metadata::String(if passed { "OK" } else { "OVER_LIMIT" }.into()),
-            ));
-            if let (true, Some(m)) = (passed, &s.metadata) {
-                fields.push(("metadata".into(), (**m).clone()));
-            }
+            let code = if s.code == Code::Ok {
+                "OK"
+            } else {
+                "OVER_LIMIT"
+            };
+            fields.push(("code".into(), Metadata::String(code.into())));
             Metadata::Map(fields)
         })
         .collect();
@@ -80,7 +88,80 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
             Metadata::Number(request.hits_addend as f64),
         ));
     }
+
+    // Quota groups with a descriptor over its limit.
+    let over_groups: Vec<u32> = statuses
+        .iter()
+        .filter(|s| s.code == Code::OverLimit)
+        .filter_map(|s| s.quota)
+        .collect();
+    let passed: Vec<usize> = statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| {
+            // An `unlimited` descriptor is not counted as passing, as in Envoy's service.
+            let unlimited = s.limit.is_none() && s.remaining == u64::from(u32::MAX);
+            s.code == Code::Ok && !unlimited && !s.quota.is_some_and(|g| over_groups.contains(&g))
+        })
+        .map(|(i, _)| i)
+        .collect();
+
+    let mut merged = Vec::new();
+    for &i in &passed {
+        if let Some(Metadata::Map(m)) = statuses[i].metadata.as_deref() {
+            merge(&mut merged, m);
+        }
+    }
+    if !merged.is_empty() {
+        fields.push(("metadata".into(), Metadata::Map(merged)));
+    }
+
+    if statuses.iter().any(|s| s.quota.is_some()) {
+        let groups = quota_groups(&request.descriptors);
+        let mut seen = Vec::new();
+        let mut backends = Vec::new();
+        for &i in &passed {
+            let Some(d) = request.descriptors.get(i) else {
+                continue;
+            };
+            let entry = |key: &str| {
+                d.entries
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == key)
+                    .map_or("", |(_, v)| v.as_str())
+            };
+            let (backend, model) = (entry(BACKEND), entry(MODEL));
+            if (backend.is_empty() && model.is_empty()) || seen.contains(&groups[i]) {
+                continue;
+            }
+            seen.push(groups[i]);
+            backends.push(Metadata::Map(vec![
+                (BACKEND.into(), Metadata::String(backend.into())),
+                (MODEL.into(), Metadata::String(model.into())),
+            ]));
+        }
+        if !backends.is_empty() {
+            fields.push(("passedBackends".into(), Metadata::List(backends)));
+        }
+    }
     Metadata::Map(fields)
+}
+
+/// Merges `src` into `dest`: a field `dest` has keeps its value (two maps merge field
+/// by field), a new one is added.
+fn merge(dest: &mut Vec<(String, Metadata)>, src: &[(String, Metadata)]) {
+    for (k, v) in src {
+        match dest.iter_mut().find(|(dk, _)| dk == k) {
+            Some((_, Metadata::Map(d))) => {
+                if let Metadata::Map(s) = v {
+                    merge(d, s);
+                }
+            }
+            Some(_) => {}
+            None => dest.push((k.clone(), v.clone())),
+        }
+    }
 }
 
 /// A map as tonic's `Struct` (any other value as a one-field struct would be wrong:
@@ -244,6 +325,155 @@ mod tests {
                     .prop_map(|m| Metadata::Map(m.into_iter().collect())),
             ]
         })
+    }
+
+    /// The answer of a memory-store limiter over `rules` to `request`.
+    fn answer(rules: &str, request: &RateLimitRequest) -> Metadata {
+        use std::sync::Arc;
+        use tollgate::limiter::Limiter;
+        use tollgate::rules::{from_str, Rules};
+        use tollgate::store::MemoryStore;
+        let set = from_str("rules.yaml", rules).expect("valid rules");
+        let limiter = Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new());
+        let response = limiter.check_now(request).expect("an answer");
+        dynamic_metadata(request, &response)
+    }
+
+    fn field<'a>(m: &'a Metadata, name: &str) -> Option<&'a Metadata> {
+        match m {
+            Metadata::Map(fields) => fields.iter().find(|(k, _)| k == name).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    fn string(s: &str) -> Metadata {
+        Metadata::String(s.into())
+    }
+
+    const RULES: &str = "
+domain: ai
+descriptors:
+  - key: backend_name
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    metadata: {route: {cluster: primary, weight: 1}, team: models}
+    descriptors:
+      - key: model_name_override
+        quota_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
+        metadata: {route: {cluster: small, zone: a}}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata: {team: users, tier: free}
+  - key: free
+    rate_limit: {unlimited: true}
+    metadata: {never: shown}
+";
+
+    #[test]
+    fn metadata_of_passing_descriptors_merges_first_value_first() {
+        let request = RateLimitRequest::new(
+            "ai",
+            [
+                vec![("user", "u")],
+                vec![("backend_name", "b1"), ("model_name_override", "m1")],
+                vec![("backend_name", "b3")],
+                vec![("free", "x")],
+            ],
+        );
+        let m = answer(RULES, &request);
+        // `team` from the first, `route` merged field by field, nothing from `unlimited`.
+        let expected = Metadata::Map(vec![
+            ("team".into(), string("users")),
+            ("tier".into(), string("free")),
+            (
+                "route".into(),
+                Metadata::Map(vec![
+                    ("cluster".into(), string("small")),
+                    ("zone".into(), string("a")),
+                    ("weight".into(), Metadata::Number(1.0)),
+                ]),
+            ),
+        ]);
+        assert_eq!(field(&m, "metadata"), Some(&expected));
+        assert_eq!(field(&m, "domain"), Some(&string("ai")));
+        // No hitsAddend when the request does not set one.
+        assert_eq!(field(&m, "hitsAddend"), None);
+        let backends = Metadata::List(vec![
+            Metadata::Map(vec![
+                ("backend_name".into(), string("b1")),
+                ("model_name_override".into(), string("m1")),
+            ]),
+            Metadata::Map(vec![
+                ("backend_name".into(), string("b3")),
+                ("model_name_override".into(), string("")),
+            ]),
+        ]);
+        assert_eq!(field(&m, "passedBackends"), Some(&backends));
+        let Some(Metadata::List(descriptors)) = field(&m, "descriptors") else {
+            panic!("no descriptors in {m:?}");
+        };
+        assert_eq!(descriptors.len(), 4);
+        assert_eq!(
+            field(&descriptors[1], "entries"),
+            Some(&Metadata::List(vec![
+                string("backend_name=b1"),
+                string("model_name_override=m1")
+            ]))
+        );
+        assert_eq!(field(&descriptors[1], "code"), Some(&string("OK")));
+    }
+
+    #[test]
+    fn an_over_quota_group_passes_no_backend_and_no_metadata() {
+        use std::sync::Arc;
+        use tollgate::limiter::Limiter;
+        use tollgate::rules::{from_str, Rules};
+        use tollgate::store::MemoryStore;
+        let set = from_str("rules.yaml", RULES).expect("valid rules");
+        let limiter = Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new());
+        let model = vec![("backend_name", "b1"), ("model_name_override", "m1")];
+        let once = RateLimitRequest::new("ai", [model.clone()]);
+        limiter.check_now(&once).expect("an answer");
+        // b1/m1's limit of 1 is used: its group is over, b3's is not.
+        let request = RateLimitRequest::new("ai", [model, vec![("backend_name", "b3")]]);
+        let response = limiter.check_now(&request).expect("an answer");
+        let m = dynamic_metadata(&request, &response);
+        let backends = Metadata::List(vec![Metadata::Map(vec![
+            ("backend_name".into(), string("b3")),
+            ("model_name_override".into(), string("")),
+        ])]);
+        assert_eq!(field(&m, "passedBackends"), Some(&backends));
+        let expected = Metadata::Map(vec![
+            (
+                "route".into(),
+                Metadata::Map(vec![
+                    ("cluster".into(), string("primary")),
+                    ("weight".into(), Metadata::Number(1.0)),
+                ]),
+            ),
+            ("team".into(), string("models")),
+        ]);
+        assert_eq!(field(&m, "metadata"), Some(&expected));
+        let Some(Metadata::List(descriptors)) = field(&m, "descriptors") else {
+            panic!("no descriptors in {m:?}");
+        };
+        assert_eq!(field(&descriptors[0], "code"), Some(&string("OVER_LIMIT")));
+        assert_eq!(field(&descriptors[1], "code"), Some(&string("OK")));
+    }
+
+    #[test]
+    fn a_request_over_every_group_passes_nothing() {
+        let request = RateLimitRequest::new(
+            "ai",
+            [vec![("backend_name", "b1"), ("model_name_override", "m1")]],
+        );
+        let mut request = request;
+        request.hits_addend = 2;
+        let m = answer(RULES, &request);
+        assert_eq!(field(&m, "hitsAddend"), Some(&Metadata::Number(2.0)));
+        assert_eq!(field(&m, "passedBackends"), None);
+        assert_eq!(field(&m, "metadata"), None);
     }
 
     proptest! {

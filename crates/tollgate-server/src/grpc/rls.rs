@@ -266,7 +266,7 @@ pub fn to_wire_with(response: &RateLimitResponse, settings: HeaderSettings) -> W
         overall_code: code_to_wire(response.overall) as i32,
         statuses,
         response_headers_to_add,
-        raw_body: if response.overall == Code::OverLimit {
+        raw_body: if settings.problem_body && response.overall == Code::OverLimit {
             problem_body(response)
         } else {
             Vec::new()

@@ -113,8 +113,8 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         Arc::new(limiter),
         Arc::new(Metrics::new(args.common.near_limit_ratio)),
         HeaderSettings {
-            draft: true,
             legacy: args.common.legacy_headers,
+            ..HeaderSettings::default()
         },
     ));
     // On Redis, as `serve` does: reloads load the new rules' scripts before the swap,

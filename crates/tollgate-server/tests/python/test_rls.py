@@ -24,7 +24,7 @@ import urllib.request
 
 import grpc
 import pytest
-from google.protobuf import json_format
+from google.protobuf import json_format, wrappers_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -101,18 +101,11 @@ def make_certificates(directory):
                 "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext")
 
 
-@pytest.fixture(scope="module", params=["native", "tonic", "mutual-tls"])
-def stub(request, tmp_path_factory):
-    """A running `tollgate serve` with RULES, and a stub connected to its gRPC port;
-    every test runs on both gRPC transports (`--grpc-transport`), and over mutual TLS
-    (`--grpc-tls-cert`, `--grpc-tls-key`, `--grpc-tls-client-ca`: served by tonic, with
-    grpcio's BoringSSL as the client, the TLS library Envoy uses).
-
-    At the end: SIGTERM, and the server must drain and exit 0 within a few seconds.
-    """
+def start_server(tmp, flags):
+    """`tollgate serve` with RULES and these extra `flags`, ready; (process, gRPC port,
+    HTTP port, log path)."""
     binary = os.environ.get("TOLLGATE_BIN")
     assert binary, "set TOLLGATE_BIN to the tollgate binary (cargo test does this)"
-    tmp = tmp_path_factory.mktemp("tollgate")
     rules = tmp / "rules"
     rules.mkdir()
     (rules / "test.yaml").write_text(RULES)
@@ -126,36 +119,62 @@ def stub(request, tmp_path_factory):
         "--config", str(rules),
         "--grpc-listen", f"{HOST}:{grpc_port}",
         "--http-listen", f"{HOST}:{http_port}",
-        "--legacy-headers",
-        "--response-dynamic-metadata",
+        *flags,
     ]
+    # No TOLLGATE_* settings from the caller's environment: only the flags above count.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 10
+    ready = f"http://{HOST}:{http_port}/readyz"
+    while http_status(ready) != 200:
+        if server.poll() is not None:
+            pytest.fail(f"tollgate serve exited with {server.returncode} before it was ready:\n{log_text(log_path)}")
+        if time.monotonic() > deadline:
+            server.kill()
+            server.wait()
+            pytest.fail(f"{ready} did not answer 200 within 10 s:\n{log_text(log_path)}")
+        time.sleep(0.05)
+    return server, grpc_port, http_port, log_path
+
+
+def stop_server(server, log_path):
+    """SIGTERM: the server must drain and exit 0 within a few seconds."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        code = server.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"tollgate serve did not exit within 5 s of SIGTERM:\n{log_text(log_path)}")
+    assert code == 0, f"tollgate serve exited with {code} after SIGTERM:\n{log_text(log_path)}"
+
+
+@pytest.fixture(scope="module", params=["native", "tonic", "mutual-tls"])
+def stub(request, tmp_path_factory):
+    """A running `tollgate serve` with RULES, and a stub connected to its gRPC port;
+    every test runs on both gRPC transports (`--grpc-transport`), and over mutual TLS
+    (`--grpc-tls-cert`, `--grpc-tls-key`, `--grpc-tls-client-ca`: served by tonic, with
+    grpcio's BoringSSL as the client, the TLS library Envoy uses).
+
+    At the end: SIGTERM, and the server must drain and exit 0 within a few seconds.
+    """
+    tmp = tmp_path_factory.mktemp("tollgate")
+    flags = ["--legacy-headers", "--response-dynamic-metadata"]
+    certificates = None
     if request.param == "mutual-tls":
         certificates = tmp / "certificates"
         certificates.mkdir()
         make_certificates(certificates)
-        command += [
+        flags += [
             "--grpc-tls-cert", str(certificates / "server.pem"),
             "--grpc-tls-key", str(certificates / "server.key"),
             "--grpc-tls-client-ca", str(certificates / "ca.pem"),
         ]
     else:
-        command += ["--grpc-transport", request.param]
-    # No TOLLGATE_* settings from the caller's environment: only the flags above count.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        flags += ["--grpc-transport", request.param]
+    server, grpc_port, _, log_path = start_server(tmp, flags)
     try:
-        deadline = time.monotonic() + 10
-        ready = f"http://{HOST}:{http_port}/readyz"
-        while http_status(ready) != 200:
-            if server.poll() is not None:
-                pytest.fail(f"tollgate serve exited with {server.returncode} before it was ready:\n{log_text(log_path)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"{ready} did not answer 200 within 10 s:\n{log_text(log_path)}")
-            time.sleep(0.05)
-
         options = [("grpc.enable_http_proxy", 0)]
-        if request.param == "mutual-tls":
+        if certificates is not None:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=(certificates / "ca.pem").read_bytes(),
                 private_key=(certificates / "client.key").read_bytes(),
@@ -168,17 +187,34 @@ def stub(request, tmp_path_factory):
             stub = rls_pb2_grpc.RateLimitServiceStub(channel)
             stub.channel = channel
             stub.target = f"{HOST}:{grpc_port}"
-            stub.certificates = certificates if request.param == "mutual-tls" else None
+            stub.certificates = certificates
             yield stub
         finally:
             channel.close()
+        stop_server(server, log_path)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
-        server.send_signal(signal.SIGTERM)
+
+@pytest.fixture(scope="module", params=["native", "tonic"])
+def envoy_stub(request, tmp_path_factory):
+    """A `tollgate serve` answering as envoyproxy/ratelimit with
+    `LIMIT_RESPONSE_HEADERS_ENABLED=true`: its three headers only, no `Retry-After`, no
+    `raw_body`."""
+    tmp = tmp_path_factory.mktemp("tollgate-envoy")
+    flags = ["--grpc-transport", request.param, "--envoy-headers", "--ratelimit-headers=false",
+             "--retry-after=false", "--problem-body=false"]
+    server, grpc_port, _, log_path = start_server(tmp, flags)
+    try:
+        channel = grpc.insecure_channel(f"{HOST}:{grpc_port}",
+                                        options=[("grpc.enable_http_proxy", 0)])
         try:
-            code = server.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"tollgate serve did not exit within 5 s of SIGTERM:\n{log_text(log_path)}")
-        assert code == 0, f"tollgate serve exited with {code} after SIGTERM:\n{log_text(log_path)}"
+            yield rls_pb2_grpc.RateLimitServiceStub(channel)
+        finally:
+            channel.close()
+        stop_server(server, log_path)
     finally:
         if server.poll() is None:
             server.kill()
@@ -325,21 +361,31 @@ def test_hits_addend_charges_several_hits_at_once(stub):
 
 def test_dynamic_metadata_names_the_request_and_the_passing_descriptors_metadata(stub):
     away_from_window_end(60)
-    response = check(stub, [("tier", "t1")], [("user", "grace")], hits_addend=1)
+    own_limit = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="user", value="heidi")],
+        limit=ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=10, unit=HOUR),
+        hits_addend=wrappers_pb2.UInt64Value(value=3),
+    )
+    req = request("test", [("tier", "t1")], [("user", "grace")], hits_addend=1)
+    req.descriptors.append(own_limit)
+    response = stub.ShouldRateLimit(req, timeout=5)
     assert response.overall_code == OK
     metadata = json_format.MessageToDict(response.dynamic_metadata)
     assert metadata == {
         "domain": "test",
         "hitsAddend": 1.0,
         "descriptors": [
-            {"entries": ["tier=t1"], "code": "OK",
-             "metadata": {"team": "payments", "weight": 2.0, "tags": ["gold", "eu"]}},
+            {"entries": ["tier=t1"], "code": "OK"},
             {"entries": ["user=grace"], "code": "OK"},
+            {"entries": ["user=heidi"], "limit": "requests_per_unit:10 unit:HOUR",
+             "hitsAddend": 3.0, "code": "OK"},
         ],
+        # The rules' metadata of the descriptors that passed, merged.
+        "metadata": {"team": "payments", "weight": 2.0, "tags": ["gold", "eu"]},
     }, metadata
 
     # tiers allows one an hour: the second request is over the limit, and a descriptor
-    # that did not pass carries no metadata (what passed is what routing may use).
+    # that did not pass gives no metadata (what passed is what routing may use).
     response = check(stub, [("tier", "t1")])
     assert response.overall_code == OVER_LIMIT
     metadata = json_format.MessageToDict(response.dynamic_metadata)
@@ -480,3 +526,25 @@ def test_the_health_service_does_not_know_other_names(stub):
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
     # The server keeps serving.
     assert health(stub, "") == SERVING
+
+
+def test_envoy_style_answers_carry_envoys_headers_and_nothing_else(envoy_stub):
+    away_from_window_end(60)
+    before = int(time.time())
+    response = check(envoy_stub, [("user", "ivan")], [("path", "/upload/x")])
+    after = int(time.time())
+    assert response.overall_code == OK
+    # uploads (1 an hour, 0 left now) is the descriptor with the least remaining; the
+    # reset is Envoy's: whole seconds to the end of the hour.
+    fields = [(h.key, h.value) for h in response.response_headers_to_add]
+    assert [k for k, _ in fields] == ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+    assert fields[0][1] == "1" and fields[1][1] == "0", fields
+    assert int(fields[2][1]) in {3600 - t % 3600 for t in range(before, after + 1)}, fields
+    assert response.raw_body == b""
+
+    response = check(envoy_stub, [("user", "ivan")], [("path", "/upload/x")])
+    assert response.overall_code == OVER_LIMIT
+    assert headers(response)["ratelimit-limit"] == "1"
+    assert headers(response)["ratelimit-remaining"] == "0"
+    assert set(headers(response)) == {"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"}
+    assert response.raw_body == b""

@@ -1,7 +1,9 @@
 //! Rate limit response headers and the problem body, from a [`RateLimitResponse`]: the
 //! IETF draft fields (draft-ietf-httpapi-ratelimit-headers-10) `RateLimit-Policy` and
 //! `RateLimit`, one list item per limited descriptor named by its rule; `Retry-After`
-//! on OVER_LIMIT; optionally the legacy `X-RateLimit-Limit/Remaining/Reset`.
+//! on OVER_LIMIT; optionally the legacy `X-RateLimit-Limit/Remaining/Reset`, and
+//! envoyproxy/ratelimit's `RateLimit-Limit/Remaining/Reset` (its
+//! `LIMIT_RESPONSE_HEADERS_ENABLED`).
 //!
 //! gRPC, the HTTP API and the gateway (`RateLimitLayer`, `tollgate proxy`) all use this one module.
 
@@ -9,13 +11,54 @@ use std::borrow::Cow;
 
 use crate::limiter::{Code, DescriptorStatus, RateLimitResponse};
 
-/// Which headers to produce.
-#[derive(Debug, Clone, Copy)]
+/// Which headers (and rejection body) to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderSettings {
     /// Add `RateLimit-Policy` and `RateLimit`.
     pub draft: bool,
     /// Add `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
     pub legacy: bool,
+    /// Add envoyproxy/ratelimit's `RateLimit-Limit`, `RateLimit-Remaining` and
+    /// `RateLimit-Reset`, for the descriptor it picks (see [`envoy_pick`]).
+    pub envoy: bool,
+    /// Add `Retry-After` to an OVER_LIMIT answer that can pass later.
+    pub retry_after: bool,
+    /// Send the problem body ([`problem_body`]) with an OVER_LIMIT answer (the gRPC
+    /// answer's `raw_body`).
+    pub problem_body: bool,
+}
+
+impl Default for HeaderSettings {
+    /// The draft headers, `Retry-After` and the problem body.
+    fn default() -> Self {
+        Self {
+            draft: true,
+            legacy: false,
+            envoy: false,
+            retry_after: true,
+            problem_body: true,
+        }
+    }
+}
+
+/// The status envoyproxy/ratelimit's headers describe: the last descriptor over its
+/// limit and not in quota mode, else the first with the least `remaining` among those
+/// with a limit.
+pub fn envoy_pick(response: &RateLimitResponse) -> Option<&DescriptorStatus> {
+    let over = response
+        .statuses
+        .iter()
+        .rev()
+        .find(|s| s.limit.is_some() && s.code == Code::OverLimit && s.quota.is_none());
+    over.or_else(|| {
+        limited(response).map(|(_, s)| s).fold(
+            None,
+            |best: Option<&DescriptorStatus>, s| match best {
+                Some(b) if b.remaining <= s.remaining => Some(b),
+                _ => Some(s),
+            },
+        )
+    })
 }
 
 /// Writes the policy name of a status as a structured-field String: the limit's `name`,
@@ -90,7 +133,16 @@ pub fn headers(
             out.push(("RateLimit", states));
         }
     }
-    if response.overall == Code::OverLimit {
+    if settings.envoy {
+        if let Some(s) = envoy_pick(response) {
+            if let Some(l) = &s.limit {
+                out.push(("RateLimit-Limit", number(l.requests_per_unit)));
+                out.push(("RateLimit-Remaining", number(s.remaining)));
+                out.push(("RateLimit-Reset", number(s.reset_after_secs())));
+            }
+        }
+    }
+    if settings.retry_after && response.overall == Code::OverLimit {
         // The longest wait among the descriptors over their limit.
         let retry = response
             .statuses
@@ -137,6 +189,9 @@ fn header_name(name: &'static str) -> http::HeaderName {
     const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
     const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
     const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+    const ENVOY_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+    const ENVOY_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+    const ENVOY_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
     const OTHER: HeaderName = HeaderName::from_static("x-tollgate");
     match name {
         "RateLimit-Policy" => RATELIMIT_POLICY,
@@ -145,6 +200,9 @@ fn header_name(name: &'static str) -> http::HeaderName {
         "X-RateLimit-Limit" => LIMIT,
         "X-RateLimit-Remaining" => REMAINING,
         "X-RateLimit-Reset" => RESET,
+        "RateLimit-Limit" => ENVOY_LIMIT,
+        "RateLimit-Remaining" => ENVOY_REMAINING,
+        "RateLimit-Reset" => ENVOY_RESET,
         _ => OTHER,
     }
 }
@@ -280,7 +338,7 @@ mod tests {
             }),
             from_cache: false,
             failure_mode: None,
-            quota: false,
+            quota: None,
             metadata: None,
         }
     }
@@ -298,8 +356,8 @@ mod tests {
         let h = headers(
             &r,
             HeaderSettings {
-                draft: true,
                 legacy: true,
+                ..HeaderSettings::default()
             },
         );
         assert_eq!(
@@ -374,13 +432,90 @@ mod tests {
             store_failure: None,
             statuses: vec![status(Some("a\"b\\c\u{e9}"), Code::Ok, 1, 1, 0)],
         };
-        let h = headers(
+        let h = headers(&r, HeaderSettings::default());
+        assert_eq!(h[0].1, "\"a\\\"b\\\\c\";q=10;w=60");
+    }
+
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` answer: its three headers
+    /// only, for the descriptor it picks; nothing else when the rest is off.
+    #[test]
+    fn envoy_headers_describe_the_descriptor_envoys_service_picks() {
+        let envoy_only = HeaderSettings {
+            draft: false,
+            legacy: false,
+            envoy: true,
+            retry_after: false,
+            problem_body: false,
+        };
+        let fields = |statuses: Vec<DescriptorStatus>| {
+            let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            };
+            let r = RateLimitResponse {
+                overall,
+                store_failure: None,
+                statuses,
+            };
+            headers(&r, envoy_only)
+        };
+        let triple = |limit: &str, remaining: &str, reset: &str| {
+            vec![
+                ("RateLimit-Limit", limit.to_string()),
+                ("RateLimit-Remaining", remaining.to_string()),
+                ("RateLimit-Reset", reset.to_string()),
+            ]
+        };
+        // The first of the least remaining.
+        let mut other = status(None, Code::Ok, 2, 7, 0);
+        other.limit.as_mut().unwrap().requests_per_unit = 20;
+        assert_eq!(
+            fields(vec![
+                status(None, Code::Ok, 5, 30, 0),
+                other.clone(),
+                status(None, Code::Ok, 2, 9, 0),
+            ]),
+            triple("20", "2", "7")
+        );
+        // An over descriptor wins, the last one; one in quota mode does not.
+        let mut quota = status(None, Code::OverLimit, 0, 11, 11);
+        quota.quota = Some(0);
+        assert_eq!(
+            fields(vec![
+                status(None, Code::OverLimit, 3, 40, 40),
+                status(None, Code::OverLimit, 1, 50, 50),
+                quota.clone(),
+            ]),
+            triple("10", "1", "50")
+        );
+        assert_eq!(
+            fields(vec![status(None, Code::Ok, 4, 20, 0), quota]),
+            triple("10", "0", "11")
+        );
+        // No descriptor with a limit: no headers.
+        let mut none = status(None, Code::Ok, 0, 0, 0);
+        none.limit = None;
+        assert_eq!(fields(vec![none]), vec![]);
+    }
+
+    #[test]
+    fn retry_after_can_be_left_out() {
+        let r = RateLimitResponse {
+            overall: Code::OverLimit,
+            store_failure: None,
+            statuses: vec![status(None, Code::OverLimit, 0, 50, 50)],
+        };
+        let with = headers(&r, HeaderSettings::default());
+        assert!(with.iter().any(|(n, v)| *n == "Retry-After" && v == "50"));
+        let without = headers(
             &r,
             HeaderSettings {
-                draft: true,
-                legacy: false,
+                retry_after: false,
+                ..HeaderSettings::default()
             },
         );
-        assert_eq!(h[0].1, "\"a\\\"b\\\\c\";q=10;w=60");
+        assert!(without.iter().all(|(n, _)| *n != "Retry-After"));
+        assert_eq!(without.len(), 2, "the draft headers stay: {without:?}");
     }
 }

@@ -78,10 +78,7 @@ impl<S, I> RateLimitLayer<S, I> {
             gate: Arc::new(Gate {
                 limiter,
                 inflight: Arc::new(inflight),
-                headers: HeaderSettings {
-                    draft: true,
-                    legacy: false,
-                },
+                headers: HeaderSettings::default(),
                 observer: None,
                 http: ArcSwap::from_pointee(http),
                 files,

@@ -23,8 +23,8 @@
 //! A YAML document with `domain` and a tree of `descriptors`. A descriptor has `key`,
 //! optional `value` (with `*` wildcards), optional `rate_limit` (`unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces: [{name}]`), `shadow_mode`,
-//! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`, `metadata`
-//! and nested `descriptors`. A top-level `http` section belongs to the gateway and is
+//! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`, `metadata`,
+//! `charge_rejected` and nested `descriptors`. A top-level `http` section belongs to the gateway and is
 //! ignored here. Any other key is an error. As in Envoy's service, `descriptors:`,
 //! `rate_limit:` or a flag left empty (YAML's null) is as if not given: a domain may
 //! have no descriptors at all. A limit may not name itself in its own `replaces`.
@@ -35,11 +35,22 @@
 //! `1h`, `1d`), `overage_percent` (soft throttling); and on a descriptor, `rate_limits:`
 //! (a list of limits that must all pass) instead of `rate_limit:`.
 //!
-//! `quota_mode` and `metadata` are accepted so that Envoy rule files load unchanged;
-//! Tollgate gives them no behaviour (a limit with `quota_mode` is enforced as usual).
+//! `charge_rejected` (`none`, `over_limit` or `all`), on a domain or a descriptor and
+//! inherited by the descriptors below until one sets its own, says what a request that
+//! is not admitted still charges: `none` (the default) nothing; `over_limit` the
+//! descriptors over their limit (envoyproxy/ratelimit with
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`); `all` every descriptor
+//! (envoyproxy/ratelimit's default).
+//!
+//! As in Envoy's service, a descriptor with `quota_mode: true` over its limit does not
+//! by itself reject the request: quota-mode descriptors form groups (those naming the
+//! same `backend_name` and `model_name_override` entries, else those of identical
+//! entries), a group is over when any of its descriptors is, and the request is
+//! rejected when a descriptor outside quota mode is over or every group is
+//! ([`crate::limiter::quota_groups`]). `metadata` (any YAML map) is sent back, for the
+//! descriptors that passed, in the service's response dynamic metadata.
 //! YAML anchors and aliases are not supported. Where Tollgate reads a rule file
-//! differently from envoyproxy/ratelimit, and why: README.md, "Rule files from
-//! envoyproxy/ratelimit".
+//! differently from envoyproxy/ratelimit, and why: docs/envoy.md, "Rule files".
 //!
 //! ## Matching
 //! See [`Domain::find`]. Counters are per runtime value, except below a wildcard rule

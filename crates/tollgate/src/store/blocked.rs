@@ -128,7 +128,7 @@ impl BlockedCache {
 /// mode (its rejection alone does not reject the request), nor one that must be charged
 /// when rejected (`charge_rejected`: only Redis can charge it).
 fn cacheable(check: &Check<'_>) -> bool {
-    !check.shadow && !check.quota && check.charge == super::ChargeRejected::None
+    !check.shadow && check.quota.is_none() && check.charge == super::ChargeRejected::None
 }
 
 #[cfg(test)]

@@ -39,9 +39,10 @@ pub struct Check<'a> {
     /// Shadow mode: decided and charged like any check, but its rejection does not
     /// reject the request (nor undo the other checks).
     pub shadow: bool,
-    /// Quota mode (Envoy's `quota_mode`): its rejection rejects the request only when
-    /// every quota-mode check of the request is rejected (see [`rejects`]).
-    pub quota: bool,
+    /// Quota mode (Envoy's `quota_mode`), with the check's quota group: a group is over
+    /// when one of its checks is rejected, and the request is rejected by its quota-mode
+    /// checks only when every group is over (see [`rejects`]).
+    pub quota: Option<u32>,
     /// Whether it is charged when it is not admitted, or its request is rejected.
     pub charge: ChargeRejected,
 }
@@ -95,22 +96,34 @@ impl ChargeRejected {
 
 /// Whether a request whose checks were decided so (`allowed(i)` for check `i`) is
 /// rejected: when a check in neither shadow nor quota mode was, or when it has quota-mode
-/// checks (not in shadow mode) and every one of them was.
+/// checks and every quota group among them has a rejected check not in shadow mode.
 pub fn rejects(checks: &[Check<'_>], allowed: impl Fn(usize) -> bool) -> bool {
-    let mut quota = false;
-    let mut quota_admitted = false;
-    for (i, c) in checks.iter().enumerate() {
-        if c.shadow {
-            continue;
-        }
-        if c.quota {
-            quota = true;
-            quota_admitted |= allowed(i);
-        } else if !allowed(i) {
-            return true;
+    rejects_by(
+        checks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.shadow, c.quota, allowed(i))),
+    )
+}
+
+/// [`rejects`] for checks given as (shadow mode, quota group, admitted).
+pub fn rejects_by(checks: impl IntoIterator<Item = (bool, Option<u32>, bool)>) -> bool {
+    // (group, over) per quota group; a request has few descriptors, and none of this
+    // allocates unless it has quota-mode checks. A check in shadow mode counts as
+    // admitted (its status says OK), so a quota group with one is not over by it.
+    let mut groups: Vec<(u32, bool)> = Vec::new();
+    for (shadow, quota, allowed) in checks {
+        let over = !allowed && !shadow;
+        match quota {
+            Some(group) => match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, o)) => *o |= over,
+                None => groups.push((group, over)),
+            },
+            None if over => return true,
+            None => {}
         }
     }
-    quota && !quota_admitted
+    !groups.is_empty() && groups.iter().all(|&(_, over)| over)
 }
 
 impl<'a> Check<'a> {
@@ -121,7 +134,7 @@ impl<'a> Check<'a> {
             key: key.as_ref(),
             cost,
             shadow: false,
-            quota: false,
+            quota: None,
             charge: ChargeRejected::None,
         }
     }
@@ -132,9 +145,10 @@ impl<'a> Check<'a> {
         self
     }
 
-    /// The same check in quota mode (see [`Check::quota`](Self#structfield.quota)).
-    pub fn in_quota(mut self) -> Self {
-        self.quota = true;
+    /// The same check in quota mode, in quota group `group` (see
+    /// [`Check::quota`](Self#structfield.quota)).
+    pub fn in_quota(mut self, group: u32) -> Self {
+        self.quota = Some(group);
         self
     }
 
@@ -202,5 +216,53 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
         let _ = budget;
         self.check(now, checks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, FixedWindow};
+    use std::time::Duration;
+
+    /// `rejects` for checks given as (shadow, quota group), decided `allowed`.
+    fn rejected(checks: &[(bool, Option<u32>)], allowed: &[bool]) -> bool {
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            1,
+            Duration::from_secs(1),
+        )))
+        .expect("a valid limit");
+        let checks: Vec<Check<'_>> = checks
+            .iter()
+            .map(|&(shadow, quota)| Check {
+                shadow,
+                quota,
+                ..Check::new(&limit, "k", 1)
+            })
+            .collect();
+        rejects(&checks, |i| allowed[i])
+    }
+
+    #[test]
+    fn a_plain_rejection_rejects_and_a_shadow_one_does_not() {
+        assert!(rejected(&[(false, None), (false, None)], &[true, false]));
+        assert!(!rejected(&[(false, None), (true, None)], &[true, false]));
+        assert!(!rejected(&[], &[]));
+    }
+
+    #[test]
+    fn quota_checks_reject_only_when_every_group_is_over() {
+        let q = |g| (false, Some(g));
+        // Groups 0 and 1: one over, one not.
+        assert!(!rejected(&[q(0), q(1)], &[false, true]));
+        assert!(rejected(&[q(0), q(1)], &[false, false]));
+        // One check over makes its group over, whatever the group's others say.
+        assert!(rejected(&[q(0), q(0), q(1)], &[true, false, false]));
+        assert!(!rejected(&[q(0), q(0), q(1)], &[true, false, true]));
+        // A quota check in shadow mode counts as admitted: its group is not over.
+        assert!(!rejected(&[q(0), (true, Some(1))], &[false, false]));
+        assert!(rejected(&[q(0), (true, Some(0))], &[false, false]));
+        // A plain rejection rejects whatever the quota groups say.
+        assert!(rejected(&[q(0), (false, None)], &[true, false]));
     }
 }

@@ -210,17 +210,19 @@ impl Encoded {
     /// check: those go as shadow-mode checks, and the store applies the quota rule to
     /// the answers (taking back the other slots' charges when it rejects).
     pub fn push_args(&self, check: &Check<'_>, args: &mut Vec<u8>, spanning: bool) {
-        let (shadow, quota) = if spanning && check.quota {
-            (true, false)
-        } else {
-            (check.shadow, check.quota)
+        let (shadow, quota) = match check.quota {
+            Some(_) if spanning => (true, None),
+            q => (check.shadow, q),
         };
         let charge = match check.charge {
             ChargeRejected::None => 0,
             ChargeRejected::OverLimit => 1,
             ChargeRejected::All => 2,
         };
-        let flags = u64::from(shadow) | u64::from(quota) << 1 | charge << 2;
+        let flags = u64::from(shadow)
+            | u64::from(quota.is_some()) << 1
+            | charge << 2
+            | u64::from(quota.unwrap_or(0)) << 4;
         pack(
             args,
             &[

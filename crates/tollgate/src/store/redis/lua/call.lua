@@ -11,7 +11,7 @@
 -- receipt; +8: take back a charge), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
 -- window / gcd, cost, flags (1: shadow mode, 2: quota mode, 4 x charge_rejected: 0 none,
--- 1 over_limit, 2 all), lockout (ticks), queue.
+-- 1 over_limit, 2 all, 16 x the quota group), lockout (ticks), queue.
 -- Modes +4 and +8 are a Redis Cluster's, for one slot of a request spanning several,
 -- alone in its call: +4 decides the request as usual (a lone check on its fast path, its
 -- state read first: lone_receipt) and answers, besides the answers' string, the receipt
@@ -134,7 +134,7 @@ for q = 1, requests do
       alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue =
         unpack('<ddddddddddd', blob, pos)
       -- A check charged when not admitted (charge_rejected) takes the general path.
-      local alone = lockout == 0 and flags < 4 and ALONE[alg]
+      local alone = lockout == 0 and flags % 16 < 4 and ALONE[alg]
       if alone then
         lone = alone(tick, limit, window, burst, r, wr, cost, queue == 1, NS,
           (NN - NN % tick) / tick, 1000000000 / tick)
@@ -173,7 +173,7 @@ for q = 1, requests do
     for i = 1, count do
       local alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue, after =
         unpack('<ddddddddddd', blob, pos)
-      local charge = (flags - flags % 4) / 4
+      local charge = (flags % 16 - flags % 4) / 4
       local quota = (flags % 4 - flags % 2) / 2
       pos = after
       local c = {
@@ -187,6 +187,7 @@ for q = 1, requests do
         cost = cost,
         shadow = flags % 2 == 1,
         quota = quota == 1,
+        group = (flags - flags % 16) / 16,
         charge = charge,
         lockout = lockout,
         queue = queue == 1,

@@ -76,21 +76,26 @@ local function restore(c, raw)
 end
 
 -- Whether a request whose checks were so decided is rejected (store/mod.rs `rejects`):
--- a check in neither shadow nor quota mode was, or every quota-mode check was.
+-- a check in neither shadow nor quota mode was, or every quota group has a check (not in
+-- shadow mode) that was.
 local function rejects(checks, count, decisions)
-  local quota, quota_admitted = false, false
+  local groups, quota = {}, false
   for i = 1, count do
     local c = checks[i]
-    if not c.shadow then
-      if c.quota then
-        quota = true
-        if decisions[i][1] == 1 then quota_admitted = true end
-      elseif decisions[i][1] ~= 1 then
-        return true
-      end
+    -- A check in shadow mode counts as admitted.
+    local over = decisions[i][1] ~= 1 and not c.shadow
+    if c.quota then
+      quota = true
+      groups[c.group] = groups[c.group] or over
+    elseif over then
+      return true
     end
   end
-  return quota and not quota_admitted
+  if not quota then return false end
+  for _, over in pairs(groups) do
+    if not over then return false end
+  end
+  return true
 end
 
 -- Charges a check that was not admitted (charge_rejected), past its limit; never
@@ -128,7 +133,9 @@ end
 -- A receipt is a string of little-endian doubles and byte strings (each its length as a
 -- double, then its bytes; -1: none): the number of checks, whether each was admitted,
 -- then a record per key changed: the index of its first check, the cost charged to it
--- in all, and the key as the request found it and as it left it (for a sliding log: its
+-- in all (by admitted checks), the charges that stay (1: an admitted check's under
+-- charge_rejected: all; +2: a log charged anyway for a check not admitted), and the key
+-- as the request found it and as it left it (for a sliding log: its
 -- meta, its last entry and its trimmed entries before; its meta, last entry and length
 -- after). '' when nothing was changed and no lockout started: its answers stand.
 -- At most this many trimmed entries are carried; beyond, a log is not put back whole
@@ -173,6 +180,9 @@ local function receipt_of(checks, count, decisions)
     elseif not r.charged then
       r.charged, r.old_last = true, u[7]
     end
+    -- A log charged anyway (LOG_CHARGE): put back whole, that charge goes too, and the
+    -- refund makes it again.
+    if u[10] then r.forced = true end
   end
   for i = 1, count do
     local c = checks[i]
@@ -192,7 +202,7 @@ local function receipt_of(checks, count, decisions)
   for j = 1, #order do
     local r = order[j]
     local c = checks[r.i]
-    parts[#parts + 1] = PACK('<ddd', r.i, r.cost, r.keep or 0)
+    parts[#parts + 1] = PACK('<ddd', r.i, r.cost, (r.keep or 0) + (r.forced and 2 or 0))
     if c.alg == 3 then
       parts[#parts + 1] = rstr(r.meta_old) .. rstr(r.old_last)
       if #r.gone > RECEIPT_GONE then
@@ -270,16 +280,21 @@ end
 -- After a key of a refunded request is put back as the request found it: the charges
 -- that stay made again, as the single call makes them (decide_request): the admitted
 -- checks under charge_rejected: all, then the checks not admitted charged anyway.
+-- A check admitted at first that its second decision rejects (a lockout another check
+-- of the request started) is charged anyway, as there.
 local function replay(checks, count, admitted, key)
+  local over = {}
   for i = 1, count do
     local c = checks[i]
     if c.key == key and admitted[i] == 1 and c.charge == 2 and c.cost > 0 then
-      decide(c, c.cost)
+      over[i] = decide(c, c.cost)[1] == 0
     end
   end
   for i = 1, count do
     local c = checks[i]
-    if c.key == key and admitted[i] == 0 and c.charge > 0 then force(c, c.cost) end
+    if c.key == key and (admitted[i] == 0 or over[i]) and c.charge > 0 then
+      force(c, c.cost)
+    end
   end
 end
 

@@ -26,17 +26,8 @@ end
 -- Takes back a charge: the instant moves back by cost x window / limit (prelude.lua).
 REFUND[6] = bucket_refund
 
--- A charge that did not fit (`charge_rejected`, algorithm/*.rs `charge`): the exact
--- instant moves later by the cost, past the bucket's capacity (a debt of at most one
--- bucket: algorithm/state.rs `charged`).
-CHARGE[6] = function(c, st, cost)
-  if c.limit == 0 then return nil end
-  local x = bucket_ahead(c, st)
-  if x < 0 then x = 0 end
-  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
-  if new > most then new = most end
-  return bucket_state(c, new)
-end
+-- A charge that did not fit (`charge_rejected`): prelude.lua.
+CHARGE[6] = bucket_charge
 
 -- ALG[6] for a lone check (see ALONE in fixed_window.lua).
 ALONE[6] = function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)

@@ -268,6 +268,18 @@ local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
   end
 end
 
+-- A bucket's charge that did not fit (CHARGE[4], [5], [6]; `charge_rejected`,
+-- algorithm/*.rs `charge`): the exact instant moves later by the cost, past the
+-- bucket's capacity (a debt of at most one bucket: algorithm/state.rs `charged`).
+local function bucket_charge(c, st, cost)
+  if c.limit == 0 then return nil end
+  local x = bucket_ahead(c, st)
+  if x < 0 then x = 0 end
+  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
+  if new > most then new = most end
+  return bucket_state(c, new)
+end
+
 -- A bucket's refund (REFUND[4], [5], [6]): the exact instant moved back by the
 -- request's cost x window / limit (cost x wr in the scaled units), but by no more than
 -- the charge still holds: `charged` is the instant the charge left, and a charge is

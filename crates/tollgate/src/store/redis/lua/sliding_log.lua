@@ -111,9 +111,11 @@ end
 
 -- Logs a charge that did not fit (`charge_rejected`, algorithm/sliding_log.rs `charge`):
 -- an entry at now (or the newest entry's instant, after a clock step back), whatever the
--- log holds; nothing is trimmed, and nothing recorded in UNDO (it is never taken back).
+-- log holds; nothing is trimmed. It is never taken back; it is recorded in UNDO (marked
+-- as made anyway) only so that a cluster's receipt can put the log back whole before the
+-- refund makes it again (driver.lua's `replay`), and a request that fails leaves nothing.
 LOG_CHARGE = function(c, cost)
-  local used, es, en = log_meta(c)
+  local used, es, en, meta_raw = log_meta(c)
   -- The log's total stops at CHARGED_MAX, as the Rust's does.
   if used + cost > CHARGED_MAX then cost = CHARGED_MAX - used end
   if cost <= 0 then return end
@@ -127,11 +129,13 @@ LOG_CHARGE = function(c, cost)
   end
   if last and ls == k.ns and ln == k.nn then
     CALL('LSET', c.key, -1, PACK('ddd', ls, ns_of(k, ln), lc + cost))
+    UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, last, meta_raw ~= nil, meta_raw, true }
   else
     CALL('RPUSH', c.key, PACK('ddd', k.ns, ns_of(k, k.nn), cost))
+    UNDO[#UNDO + 1] = { 'log', c, k, used, es, en, false, meta_raw ~= nil, meta_raw, true }
   end
-  es, en = later(k, c.window)
-  log_save_meta(c, k, used + cost, es, en, false)
+  local ns, nn = later(k, c.window)
+  log_save_meta(c, k, used + cost, ns, nn, false)
 end
 
 -- Takes back one change to a log (newest first, as UNDO is replayed backwards): a
@@ -165,8 +169,8 @@ end
 
 -- Takes back a charge on a Redis Cluster (driver.lua's refund_request; `r` is the
 -- charge's record: r.cost, what is to be taken back, and r.keep, 1 when charges that
--- stay (charge_rejected: all) were made too (r.cost 0 and no keep: entries were
--- trimmed, nothing charged); the log as the request left it (r.meta_new, r.tail_new,
+-- stay (charge_rejected: all) were made too, plus 2 when charges were made anyway for
+-- checks not admitted (r.cost 0 and keep 0: entries were trimmed, nothing charged); the log as the request left it (r.meta_new, r.tail_new,
 -- r.llen), and as it found it (r.meta_old, r.old_last, r.gone: the entries trimmed,
 -- false when there were too many to carry)). When the log is still exactly as the
 -- request left it, it is put back as it was, trimmed entries included (as the general
@@ -178,7 +182,7 @@ REFUND[3] = function(c, r)
   local meta = CALL('GET', c.meta)
   if r.gone and meta == r.meta_new and CALL('LINDEX', c.key, -1) == r.tail_new
       and CALL('LLEN', c.key) == r.llen then
-    if r.cost <= 0 and r.keep ~= 1 then
+    if r.cost <= 0 and r.keep == 0 then
       -- Entries trimmed only: nothing charged.
     elseif r.old_last then
       CALL('LSET', c.key, -1, r.old_last)
