@@ -1,12 +1,14 @@
 //! The composition root of `tollgate serve`: settings → rules → store → limiter →
 //! service → gRPC and HTTP listeners, and the signals that reload and drain.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Limiter, Settings};
@@ -197,6 +199,13 @@ async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let admin_access = match api::AdminAccess::from_args(&args.common.admin) {
+        Ok(access) => access,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let invalid = if args.exit_on_invalid_rules {
         InvalidRules::Exit
     } else {
@@ -251,6 +260,14 @@ async fn run(args: ServeArgs) -> ExitCode {
     };
     let grpc_addr = grpc_listener.local_addr().map_or(args.grpc_listen, |a| a);
     let http_addr = http_listener.local_addr().map_or(args.http_listen, |a| a);
+    let admin_listener = match bind_admin(args.admin_listen).await {
+        Ok(listener) => listener,
+        Err(code) => return code,
+    };
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+    admin_access.warn_if_open(admin_addr.unwrap_or(http_addr));
+    // Without --admin-listen, the HTTP listener serves every admin endpoint.
+    let http_admin = admin_listener.is_none().then(|| admin_access.clone());
 
     // Each worker serves its share of the gRPC and of the HTTP connections.
     let count = workers::count(args.common.workers);
@@ -267,6 +284,7 @@ async fn run(args: ServeArgs) -> ExitCode {
                 transport,
                 grpc_tls: grpc_tls.clone(),
                 http_tls: http_tls.clone(),
+                http_admin: http_admin.clone(),
             };
             let (service, stop) = (Arc::clone(&service), stop.clone());
             let (redis, warmed) = (redis.clone(), warmed_tx.clone());
@@ -288,7 +306,11 @@ async fn run(args: ServeArgs) -> ExitCode {
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
         .then(|| tokio::spawn(follow_rules(Arc::clone(&service), stop_rx.clone())));
-    let acceptors = vec![
+    let admin = admin_listener.map(|listener| {
+        let router = api::admin_router(Arc::clone(&service), &admin_access);
+        serve_admin(listener, router, stop_rx.clone())
+    });
+    let mut acceptors = vec![
         tokio::spawn(workers::distribute(
             grpc_listener,
             grpc_senders,
@@ -296,11 +318,14 @@ async fn run(args: ServeArgs) -> ExitCode {
         )),
         tokio::spawn(workers::distribute(http_listener, http_senders, stop_rx)),
     ];
+    acceptors.extend(admin);
 
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
     info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), rules_loaded = rules.is_loaded(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+
+    info!(admin = %admin_addr.map_or_else(|| "the HTTP listener".to_owned(), |a| a.to_string()), admin_token = admin_access.token_required(), metrics_require_token = args.common.admin.metrics_require_token, "admin endpoints");
 
     shutdown_signal().await;
     info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
@@ -321,6 +346,9 @@ struct Listeners {
     grpc_tls: Option<ServerTlsConfig>,
     /// TLS on the HTTP listener.
     http_tls: Option<TlsAcceptor>,
+    /// Who may call the admin endpoints on the HTTP listener; `None` when
+    /// `--admin-listen` serves them (the HTTP listener keeps the health checks).
+    http_admin: Option<api::AdminAccess>,
 }
 
 /// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
@@ -332,7 +360,7 @@ async fn serve_worker(
     http: mpsc::UnboundedReceiver<workers::Accepted>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let router = api::router(Arc::clone(&service));
+    let router = api::router(Arc::clone(&service), listeners.http_admin.as_ref());
     let http = workers::serve_http(http, router, listeners.http_tls, stop.clone());
     match listeners.transport {
         GrpcTransport::Native => {
@@ -355,6 +383,38 @@ async fn serve_worker(
             grpc.map_err(|e| format!("gRPC: {e}"))
         }
     }
+}
+
+/// Binds `--admin-listen`, if set (`Ok(None)` when not); logs why it cannot and returns
+/// the exit code.
+pub(crate) async fn bind_admin(at: Option<SocketAddr>) -> Result<Option<TcpListener>, ExitCode> {
+    let Some(at) = at else {
+        return Ok(None);
+    };
+    match TcpListener::bind(at).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) => {
+            error!(addr = %at, "cannot listen for the admin endpoints: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Serves `router` (the admin endpoints) on `listener`, in cleartext on the main
+/// runtime, until `stop`; then lets the open requests finish.
+pub(crate) fn serve_admin(
+    listener: TcpListener,
+    router: axum::Router,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(stopped(stop))
+            .await
+        {
+            error!("the admin listener failed: {e}");
+        }
+    })
 }
 
 /// Resolves when `stop` turns true.

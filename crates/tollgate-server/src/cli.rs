@@ -107,6 +107,12 @@ pub struct ServeArgs {
     /// TLS on the HTTP listener.
     #[command(flatten)]
     pub http_tls: HttpTlsArgs,
+    /// Address for the admin endpoints: `/rules`, `POST /reload`, `/metrics` and the
+    /// health checks. Set, the HTTP listener no longer serves the first three; it keeps
+    /// the health checks (`/healthcheck`, `/healthz`, `/readyz`), which existing
+    /// deployments probe there. Cleartext HTTP. Unset: the HTTP listener serves them all.
+    #[arg(long, env = "TOLLGATE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
     /// Global shadow mode: report every status, but always answer OK overall.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
@@ -326,6 +332,53 @@ pub struct CommonArgs {
     /// Share of a limit used from which hits count as `near_limit` in metrics.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// Who may call the admin endpoints.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// The admin token, on `serve`'s admin endpoints (HTTP or admin listener) and on the
+/// gateway's `--admin-listen`. Read once at start-up.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// Require `Authorization: Bearer TOKEN` on the admin endpoints (`/rules`,
+    /// `POST /reload`, and `/metrics` with --metrics-require-token; the health checks
+    /// stay open). A flag's value shows in the process list: prefer the variable or
+    /// --admin-token-file.
+    #[arg(
+        long,
+        env = "TOLLGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<Secret>,
+    /// --admin-token, read from this file once at start-up (trailing newline dropped);
+    /// a file that cannot be read or is empty stops the start.
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Require the admin token on `/metrics` too (open by default, for Prometheus
+    /// scrapers).
+    #[arg(long, env = "TOLLGATE_METRICS_REQUIRE_TOKEN")]
+    pub metrics_require_token: bool,
+}
+
+/// A flag's secret value: `Debug` does not print it.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    /// Never fails: checked at start-up, so that no parse error prints the value.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
 }
 
 /// The certificates of a TLS connection to Redis.

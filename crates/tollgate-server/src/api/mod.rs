@@ -1,10 +1,15 @@
 //! The HTTP listener: Envoy's `/json`, Tollgate's `/v1/check`, and the admin endpoints
 //! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/metrics`), which
-//! `tollgate proxy --admin-listen` serves alone.
+//! `tollgate serve --admin-listen` and `tollgate proxy --admin-listen` serve alone. With
+//! an admin token (auth.rs), all but the health checks require it (`/metrics` only with
+//! `--metrics-require-token`).
 
 mod admin;
+mod auth;
 mod check;
 mod json;
+
+pub use auth::AdminAccess;
 
 use std::sync::Arc;
 
@@ -18,25 +23,42 @@ use tollgate::limiter::{self, Code, RateLimitResponse};
 use crate::service::{Service, NO_RULES};
 use tollgate::http::headers::{append_to, headers};
 
-/// Every HTTP route of `tollgate serve`: the check APIs and the admin endpoints.
-pub fn router(service: Arc<Service>) -> Router {
-    Router::new()
+/// Every HTTP route of `tollgate serve`'s HTTP listener: the check APIs, the health
+/// checks, and, with `admin` (no `--admin-listen`), the other admin endpoints.
+pub fn router(service: Arc<Service>, admin: Option<&AdminAccess>) -> Router {
+    let api = Router::new()
         .route("/json", post(json::handle))
         .route("/v1/check", post(check::handle))
-        .with_state(Arc::clone(&service))
-        .merge(admin_router(service))
+        .with_state(Arc::clone(&service));
+    match admin {
+        Some(access) => api.merge(admin_router(service, access)),
+        None => api.merge(health_router(service)),
+    }
 }
 
-/// The admin endpoints alone (`tollgate proxy --admin-listen`): health, readiness, the
-/// rules, reload and metrics.
-pub fn admin_router(service: Arc<Service>) -> Router {
+/// The admin endpoints (`--admin-listen`'s routes, or part of [`router`]): the health
+/// checks, open; the rules and reload behind `access`'s token, and metrics too if asked.
+pub fn admin_router(service: Arc<Service>, access: &AdminAccess) -> Router {
+    let control = access.guard(
+        Router::new()
+            .route("/rules", get(admin::rules))
+            .route("/reload", post(admin::reload)),
+    );
+    let metrics = Router::new().route("/metrics", get(admin::metrics));
+    let metrics = if access.metrics_guarded() {
+        access.guard(metrics)
+    } else {
+        metrics
+    };
+    health_router(Arc::clone(&service)).merge(control.merge(metrics).with_state(service))
+}
+
+/// The health checks, open to every probe: Envoy's `/healthcheck`, `/healthz`, `/readyz`.
+fn health_router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/healthcheck", get(admin::healthcheck))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
-        .route("/rules", get(admin::rules))
-        .route("/reload", post(admin::reload))
-        .route("/metrics", get(admin::metrics))
         .with_state(service)
 }
 

@@ -17,9 +17,10 @@ use tower::Layer;
 use tracing::{error, info, warn};
 
 use super::forward::{ForwardSettings, Upstream};
-use crate::api::admin_router;
+use crate::api::{admin_router, AdminAccess};
 use crate::app::{
-    core, init_logging, runtime, shutdown_signal, stopped, sweep, Core, InvalidRules,
+    bind_admin, core, init_logging, runtime, serve_admin, shutdown_signal, sweep, Core,
+    InvalidRules,
 };
 use crate::cli::ProxyArgs;
 use crate::metrics::Metrics;
@@ -52,6 +53,13 @@ impl InFlight for AnyInFlight {
 }
 
 async fn serve(args: ProxyArgs) -> ExitCode {
+    let admin_access = match AdminAccess::from_args(&args.common.admin) {
+        Ok(access) => access,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     // A gateway without rules has no safe answer (forwarding would drop every limit and
     // deny list, refusing would stop the API): invalid rules stop its start.
     let Some(core) = core(&args.common, false, InvalidRules::Exit).await else {
@@ -153,15 +161,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
     };
     let addr = listener.local_addr().map_or(args.listen, |a| a);
-    let admin = match args.admin_listen {
-        Some(at) => match TcpListener::bind(at).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                error!(addr = %at, "cannot listen for the admin endpoints: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => None,
+    let admin = match bind_admin(args.admin_listen).await {
+        Ok(listener) => listener,
+        Err(code) => return code,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
@@ -187,16 +189,16 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    match admin_addr {
+        Some(addr) => admin_access.warn_if_open(addr),
+        None if admin_access.token_required() => {
+            warn!("an admin token (--admin-token, --admin-token-file) has no use without --admin-listen: the gateway then serves no admin endpoints");
+        }
+        None => {}
+    }
     let admin = admin.map(|listener| {
-        let (router, stop) = (admin_router(Arc::clone(&service)), stopped(stop_rx.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                error!("the admin listener failed: {e}");
-            }
-        })
+        let router = admin_router(Arc::clone(&service), &admin_access);
+        serve_admin(listener, router, stop_rx.clone())
     });
     if let Some(warmer) = &warmer {
         warmer.start(warm::reported(warmed_rx, count)).await;
