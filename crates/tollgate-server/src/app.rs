@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tollgate::clock::{Clock, SystemClock};
-use tollgate::limiter::{Limiter, Settings};
+use tollgate::limiter::{Limiter, RequestLimits, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
 use tollgate::store::{MemoryStore, RedisTls};
 use tonic::transport::ServerTlsConfig;
@@ -165,6 +165,9 @@ pub(crate) async fn core(
             global_shadow_mode: shadow_mode,
             global_quota_mode: args.quota_mode,
             charge_rejected: args.charge_rejected,
+            // `tollgate proxy` builds its requests from its rules (checked against these
+            // defaults when they load); `serve` sets its own (`--max-descriptors`, ...).
+            limits: RequestLimits::default(),
         });
     Some(Core {
         rules,
@@ -212,6 +215,15 @@ async fn run(args: ServeArgs) -> ExitCode {
         _watcher,
         ..
     } = core;
+    // How large a request may be: the limiter refuses beyond, and the native gRPC
+    // decoder stops there.
+    let limits = args.request_limits();
+    let settings = Settings {
+        limits,
+        ..*limiter.settings()
+    };
+    let limiter = limiter.with_settings(settings);
+    grpc::decode::install_limits(limits);
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
         legacy: args.common.legacy_headers,
