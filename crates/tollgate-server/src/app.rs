@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tollgate::clock::{Clock, SystemClock};
-use tollgate::limiter::{Limiter, Settings};
+use tollgate::limiter::{Limiter, RequestLimits, Settings};
 use tollgate::rules::{self, LoadOptions, Rules};
 use tollgate::store::{MemoryStore, RedisTls};
 use tonic::transport::ServerTlsConfig;
@@ -167,6 +167,9 @@ pub(crate) async fn core(
             global_shadow_mode: shadow_mode,
             global_quota_mode: args.quota_mode,
             charge_rejected: args.charge_rejected,
+            // `tollgate proxy` builds its requests from its rules (checked against these
+            // defaults when they load); `serve` sets its own (`--max-descriptors`, ...).
+            limits: RequestLimits::default(),
         });
     Some(Core {
         rules,
@@ -221,6 +224,15 @@ async fn run(args: ServeArgs) -> ExitCode {
         _watcher,
         ..
     } = core;
+    // How large a request may be: the limiter refuses beyond, and the native gRPC
+    // decoder stops there.
+    let limits = args.request_limits();
+    let settings = Settings {
+        limits,
+        ..*limiter.settings()
+    };
+    let limiter = limiter.with_settings(settings);
+    grpc::decode::install_limits(limits);
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
         legacy: args.common.legacy_headers,

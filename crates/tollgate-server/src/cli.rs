@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio_rustls::TlsAcceptor;
+use tollgate::limiter::RequestLimits;
 use tollgate::store::{ChargeRejected, RedisTls};
 
 /// Tollgate: an exact, fast rate limiter.
@@ -116,6 +117,21 @@ pub struct ServeArgs {
     /// Global shadow mode: report every status, but always answer OK overall.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
+    /// Most descriptors in one request; more is refused (gRPC INVALID_ARGUMENT, HTTP
+    /// 400), the native gRPC decoder stopping there. Envoy sends one per `rate_limits`
+    /// action list of a route: keep it above what the routes send.
+    #[arg(long, env = "TOLLGATE_MAX_DESCRIPTORS", default_value_t = RequestLimits::DEFAULT_MAX_DESCRIPTORS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_descriptors: u64,
+    /// Most entries in one descriptor (Envoy sends one per action); more is refused
+    /// as `--max-descriptors` says.
+    #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = RequestLimits::DEFAULT_MAX_ENTRIES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_entries: u64,
+    /// Most bytes in an entry's key, and in its value; more is refused as
+    /// `--max-descriptors` says. The default, 64 KiB, is above Envoy's own limit on a
+    /// request's headers (`max_request_headers_kb`, 60 KiB), which bounds the values it
+    /// takes from them.
+    #[arg(long, env = "TOLLGATE_MAX_ENTRY_BYTES", default_value_t = RequestLimits::DEFAULT_MAX_ENTRY_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_entry_bytes: u64,
     /// Send the response's dynamic metadata (envoyproxy/ratelimit's
     /// `RESPONSE_DYNAMIC_METADATA`): the domain, the descriptors, and which passed, with
     /// their rules' `metadata`.
@@ -147,6 +163,16 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// How large a request may be: `--max-descriptors`, `--max-entries`,
+    /// `--max-entry-bytes`.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_descriptors: usize::try_from(self.max_descriptors).unwrap_or(usize::MAX),
+            max_entries: usize::try_from(self.max_entries).unwrap_or(usize::MAX),
+            max_entry_bytes: usize::try_from(self.max_entry_bytes).unwrap_or(usize::MAX),
+        }
+    }
+
     /// The gRPC transport these flags ask for: `--grpc-transport`, else `tonic` with
     /// TLS and `native` without; `Err` when TLS is asked of the native transport.
     pub fn transport(&self) -> Result<GrpcTransport, String> {

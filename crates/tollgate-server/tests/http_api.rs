@@ -116,6 +116,138 @@ async fn v1_check_refuses_malformed_input_with_a_reason() {
     );
 }
 
+/// `n` descriptors `{"user": "<prefix><i>"}` for `/v1/check`.
+fn users(prefix: &str, n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| json!({ "user": format!("{prefix}{i}") }))
+        .collect()
+}
+
+/// The same, as `/json` (Envoy's proto3 JSON) writes them.
+fn envoy_users(prefix: &str, n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| json!({"entries": [{"key": "user", "value": format!("{prefix}{i}")}]}))
+        .collect()
+}
+
+/// Over a cap: 400 naming it, on both endpoints; at the caps: 200, with one policy
+/// item for the 64 descriptors of one limit.
+#[tokio::test]
+async fn requests_over_the_caps_get_400_naming_the_cap() {
+    let s = server("caps", &[]).await;
+    let c = Client::new();
+    let post = |path: &str, body: Value| c.post(format!("{}{path}", s.http)).json(&body).send();
+    let at_cap = post(
+        "/v1/check",
+        json!({"domain": "api", "descriptors": users("a", 64)}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(at_cap.status(), StatusCode::OK);
+    // 64 descriptors of one limit: one policy, reporting the least remaining.
+    assert_eq!(
+        at_cap.headers()["ratelimit-policy"],
+        "\"per_user\";q=2;w=60"
+    );
+    let state = at_cap.headers()["ratelimit"].to_str().unwrap().to_string();
+    assert!(state.starts_with("\"per_user\";r=1;t="), "{state}");
+    assert!(!state.contains(','), "{state}");
+
+    let too_many = "a request may carry at most 64 descriptors (--max-descriptors)";
+    let over = [
+        (
+            "/v1/check",
+            json!({"domain": "api", "descriptors": users("b", 65)}),
+        ),
+        (
+            "/json",
+            json!({"domain": "api", "descriptors": envoy_users("b", 65)}),
+        ),
+        // 20,000 descriptors (under the body limit): refused for the count, unconverted.
+        (
+            "/v1/check",
+            json!({"domain": "api", "descriptors": users("c", 20_000)}),
+        ),
+    ];
+    for (path, body) in over {
+        let r = post(path, body).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+        let err: Value = r.json().await.unwrap();
+        assert_eq!(err["error"], too_many, "{path}");
+    }
+    let entries: serde_json::Map<String, Value> =
+        (0..33).map(|j| (format!("k{j}"), json!("v"))).collect();
+    let r = post(
+        "/v1/check",
+        json!({"domain": "api", "descriptors": [entries]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(
+        err["error"],
+        "descriptor 0: a descriptor may carry at most 32 entries (--max-entries)"
+    );
+    let long = json!({"domain": "api", "descriptors": [{"user": "x".repeat(70_000)}]});
+    let r = post("/v1/check", long).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let err: Value = r.json().await.unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("the value is 70000 bytes; a key or value may be at most 65536 bytes"),
+        "{err}"
+    );
+    // A body past the limit (1 MiB with the default caps): 413, unread.
+    let huge = json!({"domain": "api", "descriptors": [{"user": "y".repeat(2 << 20)}]});
+    let r = post("/json", huge).await.unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let err: Value = r.json().await.unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the request body may be at most 1048576 bytes"),
+        "{err}"
+    );
+    let m = c.get(format!("{}/metrics", s.http)).send().await.unwrap();
+    let text = m.text().await.unwrap();
+    let refused = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_invalid_requests_total "))
+        .unwrap_or_default();
+    assert_eq!(refused, "6", "each refusal counted once: {text}");
+}
+
+/// The caps are the service's: `--max-descriptors` and `--max-entries` move them.
+#[tokio::test]
+async fn the_caps_follow_the_flags() {
+    let s = server(
+        "caps-flags",
+        &["--max-descriptors", "2", "--max-entries", "1"],
+    )
+    .await;
+    let c = Client::new();
+    let r = check(
+        &c,
+        &s,
+        json!({"domain": "api", "descriptors": users("f", 3)}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(
+        err["error"],
+        "a request may carry at most 2 descriptors (--max-descriptors)"
+    );
+    let two = json!({"domain": "api", "descriptors": [{"user": "g", "k": "v"}]});
+    assert_eq!(check(&c, &s, two).await.status(), StatusCode::BAD_REQUEST);
+    let fine = json!({"domain": "api", "descriptors": users("h", 2)});
+    assert_eq!(check(&c, &s, fine).await.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn envoys_json_endpoint_speaks_proto3_json() {
     let s = server("json", &[]).await;

@@ -28,7 +28,7 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -196,6 +196,104 @@ pub enum Error {
     Store(#[from] store::Error),
 }
 
+/// How large a request may be: what [`RateLimitRequest::validate`] refuses beyond
+/// (INVALID_ARGUMENT / 400), so that no single call can cost a worker more than a
+/// bounded amount of work or make an answer of unbounded size.
+///
+/// The defaults are above what Envoy sends: one descriptor per `rate_limits` action
+/// list of a route (a handful in practice), one entry per action, and values no longer
+/// than Envoy's own limit on a request's headers (`max_request_headers_kb`, 60 KiB by
+/// default), so that a request Envoy makes is never refused (Envoy's filter would then
+/// let it through by `failure_mode_deny: false`, its default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Most descriptors in one request (`--max-descriptors`; default 64).
+    pub max_descriptors: usize,
+    /// Most entries in one descriptor (`--max-entries`; default 32).
+    pub max_entries: usize,
+    /// Most bytes in one entry's key, and in its value (`--max-entry-bytes`; default
+    /// 65,536).
+    pub max_entry_bytes: usize,
+}
+
+impl RequestLimits {
+    /// Default of [`max_descriptors`](Self::max_descriptors).
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    /// Default of [`max_entries`](Self::max_entries).
+    pub const DEFAULT_MAX_ENTRIES: usize = 32;
+    /// Default of [`max_entry_bytes`](Self::max_entry_bytes).
+    pub const DEFAULT_MAX_ENTRY_BYTES: usize = 64 << 10;
+
+    /// `Err` once a request has more than [`max_descriptors`](Self::max_descriptors):
+    /// `count` is how many it has (or has so far, for a decoder that stops there).
+    pub fn check_descriptor_count(&self, count: usize) -> Result<(), Error> {
+        if count > self.max_descriptors {
+            return Err(Error::InvalidRequest(format!(
+                "a request may carry at most {} descriptors (--max-descriptors)",
+                self.max_descriptors
+            )));
+        }
+        Ok(())
+    }
+
+    /// `Err` once descriptor `i` has more than [`max_entries`](Self::max_entries):
+    /// `count` is how many it has (or has so far).
+    pub fn check_entry_count(&self, i: usize, count: usize) -> Result<(), Error> {
+        if count > self.max_entries {
+            return Err(Error::InvalidRequest(format!(
+                "descriptor {i}: a descriptor may carry at most {} entries (--max-entries)",
+                self.max_entries
+            )));
+        }
+        Ok(())
+    }
+
+    /// `Err` when entry `j` of descriptor `i` has a key or a value longer than
+    /// [`max_entry_bytes`](Self::max_entry_bytes).
+    pub fn check_entry(&self, i: usize, j: usize, key: &str, value: &str) -> Result<(), Error> {
+        for (what, text) in [("key", key), ("value", value)] {
+            if text.len() > self.max_entry_bytes {
+                return Err(Error::InvalidRequest(format!(
+                    "descriptor {i}, entry {j}: the {what} is {} bytes; a key or value may be \
+                     at most {} bytes (--max-entry-bytes)",
+                    text.len(),
+                    self.max_entry_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the sizes of `descriptors` (each given by its entries) in the order a
+    /// decoder reads them: descriptor by descriptor, the count of descriptors first,
+    /// then each entry's count and lengths. The first size over a limit is reported,
+    /// so a decoder that stops at it and a check of the whole request agree.
+    pub fn check_sizes<'a, E>(&self, descriptors: impl IntoIterator<Item = E>) -> Result<(), Error>
+    where
+        E: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        for (i, entries) in descriptors.into_iter().enumerate() {
+            self.check_descriptor_count(i + 1)?;
+            for (j, (key, value)) in entries.into_iter().enumerate() {
+                self.check_entry_count(i, j + 1)?;
+                self.check_entry(i, j, key, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for RequestLimits {
+    /// 64 descriptors of 32 entries, keys and values of at most 64 KiB.
+    fn default() -> Self {
+        Self {
+            max_descriptors: Self::DEFAULT_MAX_DESCRIPTORS,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_entry_bytes: Self::DEFAULT_MAX_ENTRY_BYTES,
+        }
+    }
+}
+
 /// Service-wide settings of a [`Limiter`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Settings {
@@ -206,6 +304,8 @@ pub struct Settings {
     /// Whether a rejected request is charged, where the rule file does not say
     /// (`charge_rejected`; `None`, all or nothing, by default).
     pub charge_rejected: ChargeRejected,
+    /// How large a request may be ([`RequestLimits::default`] unless set).
+    pub limits: RequestLimits,
 }
 
 /// Rules + store → decisions.
@@ -240,10 +340,11 @@ impl RateLimitRequest {
     }
 
     /// Checks what every front end must refuse: an empty domain, no descriptors (with
-    /// Envoy's service's words), an entry with an empty key. A descriptor without entries
-    /// is not refused: no rule matches it, and it is answered OK with no limit, as Envoy's
-    /// service answers it.
-    pub fn validate(&self) -> Result<(), Error> {
+    /// Envoy's service's words), a request larger than `limits` allow (the first size
+    /// over a limit, in [`RequestLimits::check_sizes`]'s order), an entry with an empty
+    /// key. A descriptor without entries is not refused: no rule matches it, and it is
+    /// answered OK with no limit, as Envoy's service answers it.
+    pub fn validate(&self, limits: &RequestLimits) -> Result<(), Error> {
         if self.domain.is_empty() {
             return Err(Error::InvalidRequest(
                 "rate limit domain must not be empty".into(),
@@ -254,6 +355,11 @@ impl RateLimitRequest {
                 "rate limit descriptor list must not be empty".into(),
             ));
         }
+        limits.check_sizes(
+            self.descriptors
+                .iter()
+                .map(|d| d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        )?;
         for (i, d) in self.descriptors.iter().enumerate() {
             if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
                 return Err(Error::InvalidRequest(format!(
@@ -350,6 +456,11 @@ impl<S: Store> Limiter<S> {
         self
     }
 
+    /// The service-wide settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
     /// The rules this limiter reads.
     pub fn rules(&self) -> &Arc<Rules> {
         &self.rules
@@ -374,7 +485,7 @@ impl<S: Store> Limiter<S> {
         request: &RateLimitRequest,
         budget: Option<std::time::Duration>,
     ) -> Result<RateLimitResponse, Error> {
-        request.validate()?;
+        request.validate(&self.settings.limits)?;
         let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
         let plan = plan(domain, request, self.settings);
@@ -750,13 +861,24 @@ fn plan<'r>(
         }
     }
     if plan.runs.iter().any(|r| !r.limit.replaces.is_empty()) {
-        let replaced: Vec<String> = plan
+        // A set: every run looks its name up (a list made this quadratic in descriptors).
+        let replaced: HashSet<&str> = plan
             .runs
             .iter()
-            .flat_map(|r| r.limit.replaces.iter().cloned())
+            .flat_map(|r| r.limit.replaces.iter().map(String::as_str))
             .collect();
-        plan.runs
-            .retain(|r| !r.limit.name.as_ref().is_some_and(|n| replaced.contains(n)));
+        let dropped: Vec<bool> = plan
+            .runs
+            .iter()
+            .map(|r| {
+                r.limit
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| replaced.contains(n))
+            })
+            .collect();
+        let mut dropped = dropped.into_iter();
+        plan.runs.retain(|_| !dropped.next().unwrap_or(false));
     }
     plan
 }
@@ -850,4 +972,144 @@ fn override_path(entries: &[(String, String)]) -> String {
         .map(|(k, _)| k.as_str())
         .collect::<Vec<_>>()
         .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::rules::from_str;
+
+    fn limiter(rules: &str, limits: RequestLimits) -> Limiter<MemoryStore> {
+        let set = from_str("rules.yaml", rules).expect("valid rules");
+        Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new())
+            .with_clock(Arc::new(ManualClock::new(1_700_000_000_000_000_000)))
+            .with_settings(Settings {
+                limits,
+                ..Settings::default()
+            })
+    }
+
+    /// `n` descriptors `[("user", "u<i>"), ...]` of `entries` entries each.
+    fn request(n: usize, entries: usize) -> RateLimitRequest {
+        RateLimitRequest::new(
+            "d",
+            (0..n).map(|i| {
+                (0..entries)
+                    .map(|j| {
+                        (
+                            if j == 0 {
+                                "user".to_string()
+                            } else {
+                                format!("k{j}")
+                            },
+                            format!("u{i}"),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            }),
+        )
+    }
+
+    fn refusal(r: Result<(), Error>) -> String {
+        match r {
+            Err(Error::InvalidRequest(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_over_the_caps_are_refused_naming_the_cap() {
+        let limits = RequestLimits::default();
+        assert!(request(64, 32).validate(&limits).is_ok());
+        assert_eq!(
+            refusal(request(65, 1).validate(&limits)),
+            "a request may carry at most 64 descriptors (--max-descriptors)"
+        );
+        assert_eq!(
+            refusal(request(1, 33).validate(&limits)),
+            "descriptor 0: a descriptor may carry at most 32 entries (--max-entries)"
+        );
+        let mut long = request(2, 1);
+        long.descriptors[1].entries[0].1 = "x".repeat(1 << 20);
+        assert_eq!(
+            refusal(long.validate(&limits)),
+            "descriptor 1, entry 0: the value is 1048576 bytes; a key or value may be at most \
+             65536 bytes (--max-entry-bytes)"
+        );
+        long.descriptors[1].entries[0] = ("k".repeat(65_537), String::new());
+        assert!(refusal(long.validate(&limits)).starts_with("descriptor 1, entry 0: the key is"));
+        long.descriptors[1].entries[0].0 = "k".repeat(65_536);
+        assert!(long.validate(&limits).is_ok());
+        // The first size over a limit, in the order a decoder reads: descriptor 1's
+        // 33rd entry comes before the 65th descriptor.
+        let mut both = request(65, 1);
+        both.descriptors[1].entries = request(1, 33).descriptors.remove(0).entries;
+        assert_eq!(
+            refusal(both.validate(&limits)),
+            "descriptor 1: a descriptor may carry at most 32 entries (--max-entries)"
+        );
+    }
+
+    /// The limiter refuses by its own settings, whatever the front end.
+    #[test]
+    fn the_limiter_checks_its_own_caps() {
+        let rules = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+        let small = limiter(
+            rules,
+            RequestLimits {
+                max_descriptors: 2,
+                max_entries: 2,
+                max_entry_bytes: 8,
+            },
+        );
+        assert!(small.check_now(&request(2, 2)).is_ok());
+        let Err(Error::InvalidRequest(why)) = small.check_now(&request(3, 1)) else {
+            panic!("three descriptors passed a limit of two");
+        };
+        assert_eq!(
+            why,
+            "a request may carry at most 2 descriptors (--max-descriptors)"
+        );
+        assert!(small.check_now(&request(1, 3)).is_err());
+        let default = limiter(rules, RequestLimits::default());
+        assert!(default.check_now(&request(64, 1)).is_ok());
+        assert!(default.check_now(&request(65, 1)).is_err());
+    }
+
+    /// Per-request work is linear in the descriptors: a request of 20,000 descriptors
+    /// (with the caps raised), each in a quota group of its own, with limits that
+    /// `replace` others, over a store that must undo every charge, completes, with the
+    /// right answer. The steps that looked each descriptor up in a list of the others
+    /// (the quota groups, the `replaces` names, the store's undo log) made such a
+    /// request cost minutes; now it costs tens of milliseconds.
+    #[test]
+    fn a_request_far_past_the_caps_is_decided_in_linear_work() {
+        let rules = "
+domain: d
+descriptors:
+  - key: user
+    quota_mode: true
+    rate_limits:
+      - {unit: minute, requests_per_unit: 1, name: per_user, replaces: [{name: spare}]}
+      - {unit: hour, requests_per_unit: 9, name: spare}
+";
+        let n = 20_000;
+        let big = limiter(
+            rules,
+            RequestLimits {
+                max_descriptors: n,
+                ..RequestLimits::default()
+            },
+        );
+        let first = big.check_now(&request(n, 1)).expect("decided");
+        assert_eq!(first.overall, Code::Ok);
+        assert_eq!(first.statuses.len(), n);
+        assert!(first.statuses.iter().all(|s| s.remaining == 0
+            && s.limit.as_ref().and_then(|l| l.name.as_deref()) == Some("per_user")));
+        // Every group over: rejected, and every charge undone but the ones now over.
+        let again = big.check_now(&request(n, 1)).expect("decided");
+        assert_eq!(again.overall, Code::OverLimit);
+        assert_eq!(quota_groups(&request(n, 1).descriptors).len(), n);
+    }
 }

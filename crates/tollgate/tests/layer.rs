@@ -166,3 +166,44 @@ async fn an_observer_is_told_of_every_decision_and_of_no_unlimited_request() {
         "two decisions on /a (the second over the limit, observer kept by with_legacy_headers); none for the unrouted /b"
     );
 }
+
+/// A client value longer than a descriptor value may be (64 KiB) is refused with 400,
+/// not let through, and not answered 500 as the gateway's own mistake.
+#[tokio::test]
+async fn a_value_past_the_limiters_cap_is_a_bad_request() {
+    let file = rules_file(
+        "long-value",
+        "domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 100}
+http:
+  routes:
+    - rate_limits:
+        - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+",
+    );
+    let rules = Arc::new(Rules::load(vec![file], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
+    let app = axum::Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(limiter).unwrap());
+    let call = |key: String| {
+        let mut req = Request::get("/")
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("192.0.2.9:1".parse::<SocketAddr>().unwrap()));
+        app.clone().oneshot(req)
+    };
+    let r = call("k".repeat(65_537)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("the value is 65537 bytes"), "{text}");
+    assert_eq!(
+        call("k".repeat(65_536)).await.unwrap().status(),
+        StatusCode::OK
+    );
+}

@@ -17,11 +17,21 @@ use serde_json::{json, Value};
 use tollgate::clock::NANOS_PER_SEC;
 use tollgate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
 
-use super::{bad_request, decided, limiter_error, no_rules};
+use axum::extract::rejection::BytesRejection;
+use tollgate::limiter::RequestLimits;
+
+use super::{bad_request, body_refused, decided, limiter_error, no_rules, refusal};
 use crate::service::Service;
 
-pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> Response {
-    let request = match parse(&body) {
+pub(super) async fn handle(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return body_refused(&service, rejection),
+    };
+    let request = match parse(&body, &service.limiter.settings().limits) {
         Ok(r) => r,
         Err(why) => return bad_request(&service, why),
     };
@@ -34,8 +44,10 @@ pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> 
     }
 }
 
-/// Parses the body; `Err` says what is wrong, in words a caller can act on.
-fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
+/// Parses the body; `Err` says what is wrong, in words a caller can act on. The
+/// conversion of descriptors stops at the first size over `limits`, in the order
+/// [`RequestLimits::check_sizes`] looks at them.
+fn parse(body: &[u8], limits: &RequestLimits) -> Result<RateLimitRequest, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let obj = value.as_object().ok_or("the body must be a JSON object")?;
@@ -66,7 +78,10 @@ fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
     let descriptors = list
         .iter()
         .enumerate()
-        .map(|(i, d)| descriptor(i, d))
+        .map(|(i, d)| {
+            limits.check_descriptor_count(i + 1).map_err(refusal)?;
+            descriptor(i, d, limits)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(RateLimitRequest {
         domain,
@@ -75,25 +90,39 @@ fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
     })
 }
 
-fn descriptor(i: usize, value: &Value) -> Result<Descriptor, String> {
+fn descriptor(i: usize, value: &Value, limits: &RequestLimits) -> Result<Descriptor, String> {
     let text = |v: &Value, what: &str| match v {
         Value::String(s) => Ok(s.clone()),
         Value::Number(n) => Ok(n.to_string()),
         Value::Bool(b) => Ok(b.to_string()),
         _ => Err(format!("descriptor {i}: {what} must be a string")),
     };
+    // Entry `j`, judged for its size before it is taken.
+    let entry = |j: usize, key: String, value: String| {
+        limits.check_entry(i, j, &key, &value).map_err(refusal)?;
+        Ok((key, value))
+    };
+    let count = |j: usize| limits.check_entry_count(i, j + 1).map_err(refusal);
     let entries = match value {
         Value::Object(map) => map
             .iter()
-            .map(|(k, v)| Ok((k.clone(), text(v, &format!("the value of `{k}`"))?)))
+            .enumerate()
+            .map(|(j, (k, v))| {
+                count(j)?;
+                entry(j, k.clone(), text(v, &format!("the value of `{k}`"))?)
+            })
             .collect::<Result<Vec<_>, String>>()?,
         Value::Array(pairs) => pairs
             .iter()
-            .map(|p| match p.as_array().map(Vec::as_slice) {
-                Some([k, v]) => Ok((text(k, "a key")?, text(v, "a value")?)),
-                _ => Err(format!(
-                    "descriptor {i}: each entry must be a [key, value] pair"
-                )),
+            .enumerate()
+            .map(|(j, p)| {
+                count(j)?;
+                match p.as_array().map(Vec::as_slice) {
+                    Some([k, v]) => entry(j, text(k, "a key")?, text(v, "a value")?),
+                    _ => Err(format!(
+                        "descriptor {i}: each entry must be a [key, value] pair"
+                    )),
+                }
             })
             .collect::<Result<Vec<_>, String>>()?,
         _ => {
@@ -145,7 +174,12 @@ fn render(response: &RateLimitResponse) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::parse as parse_within;
+    use tollgate::limiter::RequestLimits;
+
+    fn parse(body: &[u8]) -> Result<super::RateLimitRequest, String> {
+        parse_within(body, &RequestLimits::default())
+    }
 
     #[test]
     fn descriptors_keep_their_entry_order() {

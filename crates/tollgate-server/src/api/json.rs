@@ -19,16 +19,27 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Map, Value};
 
-use super::{bad_request, decided, limiter_error, no_rules};
+use axum::extract::rejection::BytesRejection;
+use tollgate::limiter::RequestLimits;
+
+use super::{bad_request, body_refused, decided, limiter_error, no_rules, refusal};
 use crate::grpc::rls::{from_wire, to_wire};
 use crate::service::Service;
 
-pub(super) async fn handle(State(service): State<Arc<Service>>, body: Bytes) -> Response {
-    let wire = match parse(&body) {
+pub(super) async fn handle(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return body_refused(&service, rejection),
+    };
+    let limits = service.limiter.settings().limits;
+    let wire = match parse(&body, &limits) {
         Ok(w) => w,
         Err(why) => return bad_request(&service, why),
     };
-    let request = match from_wire(wire) {
+    let request = match from_wire(wire, &limits) {
         Ok(r) => r,
         Err(why) => return bad_request(&service, why),
     };
@@ -70,7 +81,9 @@ fn unsigned(v: &Value, what: &str) -> Result<u64, String> {
     }
 }
 
-fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
+/// Parses the body; the conversion of descriptors stops at the first size over
+/// `limits`, in the order [`RequestLimits::check_sizes`] looks at them.
+fn parse(body: &[u8], limits: &RequestLimits) -> Result<RateLimitRequest, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let obj = value
@@ -91,7 +104,10 @@ fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
         Some(Value::Array(a)) => a
             .iter()
             .enumerate()
-            .map(|(i, d)| descriptor(i, d))
+            .map(|(i, d)| {
+                limits.check_descriptor_count(i + 1).map_err(refusal)?;
+                descriptor(i, d, limits)
+            })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err("`descriptors` must be a list".into()),
     };
@@ -102,7 +118,7 @@ fn parse(body: &[u8]) -> Result<RateLimitRequest, String> {
     })
 }
 
-fn descriptor(i: usize, v: &Value) -> Result<RateLimitDescriptor, String> {
+fn descriptor(i: usize, v: &Value, limits: &RequestLimits) -> Result<RateLimitDescriptor, String> {
     let obj = v
         .as_object()
         .ok_or_else(|| format!("descriptor {i} must be an object"))?;
@@ -112,6 +128,7 @@ fn descriptor(i: usize, v: &Value) -> Result<RateLimitDescriptor, String> {
             .iter()
             .enumerate()
             .map(|(j, e)| {
+                limits.check_entry_count(i, j + 1).map_err(refusal)?;
                 let e = e
                     .as_object()
                     .ok_or_else(|| format!("descriptor {i}, entry {j} must be an object"))?;
@@ -122,10 +139,9 @@ fn descriptor(i: usize, v: &Value) -> Result<RateLimitDescriptor, String> {
                         "descriptor {i}, entry {j}: `{name}` must be a string"
                     )),
                 };
-                Ok(Entry {
-                    key: field("key")?,
-                    value: field("value")?,
-                })
+                let (key, value) = (field("key")?, field("value")?);
+                limits.check_entry(i, j, &key, &value).map_err(refusal)?;
+                Ok(Entry { key, value })
             })
             .collect::<Result<_, String>>()?,
         Some(_) => return Err(format!("descriptor {i}: `entries` must be a list")),
@@ -235,7 +251,12 @@ fn render(wire: &RateLimitResponse) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::parse as parse_within;
+    use tollgate::limiter::RequestLimits;
+
+    fn parse(body: &[u8]) -> Result<super::RateLimitRequest, String> {
+        parse_within(body, &RequestLimits::default())
+    }
 
     #[test]
     fn both_field_spellings_and_string_numbers_are_accepted() {

@@ -13,22 +13,27 @@ pub use auth::AdminAccess;
 
 use std::sync::Arc;
 
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
-use tollgate::limiter::{self, Code, RateLimitResponse};
+use tollgate::limiter::{self, Code, RateLimitResponse, RequestLimits};
 
 use crate::service::{Service, NO_RULES};
 use tollgate::http::headers::{append_to, headers};
 
 /// Every HTTP route of `tollgate serve`'s HTTP listener: the check APIs, the health
-/// checks, and, with `admin` (no `--admin-listen`), the other admin endpoints.
+/// checks, and, with `admin` (no `--admin-listen`), the other admin endpoints. The
+/// check APIs read bodies of at most [`body_limit`] bytes.
 pub fn router(service: Arc<Service>, admin: Option<&AdminAccess>) -> Router {
+    let limit = body_limit(&service.limiter.settings().limits);
     let api = Router::new()
         .route("/json", post(json::handle))
         .route("/v1/check", post(check::handle))
+        .layer(DefaultBodyLimit::max(limit))
         .with_state(Arc::clone(&service));
     match admin {
         Some(access) => api.merge(admin_router(service, access)),
@@ -51,6 +56,48 @@ pub fn admin_router(service: Arc<Service>, access: &AdminAccess) -> Router {
         metrics
     };
     health_router(Arc::clone(&service)).merge(control.merge(metrics).with_state(service))
+}
+
+/// Bytes of request body the check APIs (`/json`, `/v1/check`) read, for requests
+/// within `limits`: 512 bytes for every entry the limits allow (64 × 32 × 512 = 1 MiB
+/// with the defaults), and at least four times `--max-entry-bytes` (room for one
+/// entry of the longest key and value, written out in JSON). A longer body is refused
+/// with 413 before it is parsed.
+pub fn body_limit(limits: &RequestLimits) -> usize {
+    limits
+        .max_descriptors
+        .saturating_mul(limits.max_entries)
+        .saturating_mul(512)
+        .max(limits.max_entry_bytes.saturating_mul(4))
+}
+
+/// The answer to a body that could not be read: 413 with a JSON body naming the limit
+/// when it is longer than [`body_limit`] (counted as an invalid request), else the
+/// extractor's own answer.
+pub(crate) fn body_refused(service: &Service, rejection: BytesRejection) -> Response {
+    if rejection.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return rejection.into_response();
+    }
+    service.metrics.invalid_request();
+    let limit = body_limit(&service.limiter.settings().limits);
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        axum::Json(json!({
+            "error": format!(
+                "the request body may be at most {limit} bytes (512 per entry that \
+                 --max-descriptors and --max-entries allow)"
+            )
+        })),
+    )
+        .into_response()
+}
+
+/// What the limiter's refusal of a request says.
+pub(crate) fn refusal(e: limiter::Error) -> String {
+    match e {
+        limiter::Error::InvalidRequest(why) => why,
+        other => other.to_string(),
+    }
 }
 
 /// The health checks, open to every probe: Envoy's `/healthcheck`, `/healthz`, `/readyz`.

@@ -11,15 +11,52 @@
 //! message seen twice is merged and a scalar seen twice keeps its last value; strings
 //! must be UTF-8; a `uint32` keeps the low 32 bits of its varint. As with prost, the
 //! whole message is read before any field is judged, so a message that does not decode
-//! is reported as such even where a field before the damage is also invalid.
+//! is reported as such even where a field before the damage is also invalid — with one
+//! exception: the reading stops at the first size over the service's
+//! [`RequestLimits`] (a descriptor past `--max-descriptors`, an entry past
+//! `--max-entries`, a key or value past `--max-entry-bytes`), so that a call of 100,000
+//! descriptors costs no more than one of 65. The refusal is the one
+//! [`rls::from_wire`] gives for the same message (it checks the sizes in the same
+//! order, before anything else); only a message that prost cannot decode after that
+//! point is refused for its size here and as undecodable there.
 //!
 //! [`rls::from_wire`]: crate::grpc::rls::from_wire
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use tollgate::limiter::RateLimitRequest;
+use tollgate::limiter::{self, RateLimitRequest, RequestLimits};
 
 use crate::grpc::rls::{descriptor, validated};
+
+/// The limits [`request`] reads within: the service's, installed by `tollgate serve`
+/// at start-up ([`install_limits`]); [`RequestLimits::default`] until then.
+///
+/// A process-wide setting because the native transport's connection loop (which
+/// another part of the server owns) calls [`request`] with the message alone; every
+/// other path is given the limiter's own limits.
+static LIMITS: [AtomicUsize; 3] = [
+    AtomicUsize::new(RequestLimits::DEFAULT_MAX_DESCRIPTORS),
+    AtomicUsize::new(RequestLimits::DEFAULT_MAX_ENTRIES),
+    AtomicUsize::new(RequestLimits::DEFAULT_MAX_ENTRY_BYTES),
+];
+
+/// Makes [`request`] read within `limits` (the limiter's, so that the decoder stops
+/// where the limiter would refuse).
+pub fn install_limits(limits: RequestLimits) {
+    LIMITS[0].store(limits.max_descriptors, Relaxed);
+    LIMITS[1].store(limits.max_entries, Relaxed);
+    LIMITS[2].store(limits.max_entry_bytes, Relaxed);
+}
+
+/// The limits [`request`] reads within.
+pub fn installed_limits() -> RequestLimits {
+    RequestLimits {
+        max_descriptors: LIMITS[0].load(Relaxed),
+        max_entries: LIMITS[1].load(Relaxed),
+        max_entry_bytes: LIMITS[2].load(Relaxed),
+    }
+}
 
 /// prost's limit on nested messages and groups.
 const RECURSION_LIMIT: u32 = 100;
@@ -52,9 +89,19 @@ impl fmt::Display for Malformed {
     }
 }
 
-/// The request in `bytes` (a serialized `RateLimitRequest`), validated.
+/// The request in `bytes` (a serialized `RateLimitRequest`), validated, within the
+/// [installed](install_limits) limits.
 pub fn request(bytes: &[u8]) -> Result<RateLimitRequest, Malformed> {
-    let wire = WireRequest::read(&mut Reader { buf: bytes }).map_err(Malformed::Decode)?;
+    request_within(bytes, &installed_limits())
+}
+
+/// The request in `bytes` (a serialized `RateLimitRequest`), validated; the reading
+/// stops at the first size over `limits`.
+pub fn request_within(bytes: &[u8], limits: &RequestLimits) -> Result<RateLimitRequest, Malformed> {
+    let wire = WireRequest::read(&mut Reader { buf: bytes }, limits).map_err(|e| match e {
+        Stop::Decode(why) => Malformed::Decode(why),
+        Stop::TooLarge(why) => Malformed::Invalid(why),
+    })?;
     let mut descriptors = Vec::with_capacity(wire.descriptors.len());
     for (i, d) in wire.descriptors.into_iter().enumerate() {
         let hits = d.hits_addend;
@@ -62,15 +109,41 @@ pub fn request(bytes: &[u8]) -> Result<RateLimitRequest, Malformed> {
             .map_err(Malformed::Invalid)?;
         descriptors.push(d);
     }
-    validated(RateLimitRequest {
-        domain: wire.domain,
-        descriptors,
-        hits_addend: u64::from(wire.hits_addend),
-    })
+    validated(
+        RateLimitRequest {
+            domain: wire.domain,
+            descriptors,
+            hits_addend: u64::from(wire.hits_addend),
+        },
+        limits,
+    )
     .map_err(Malformed::Invalid)
 }
 
 type Decoded<T> = Result<T, &'static str>;
+
+/// Why the reading of a request stopped.
+enum Stop {
+    /// The bytes do not decode.
+    Decode(&'static str),
+    /// A size is over the limits (the message says which).
+    TooLarge(String),
+}
+
+impl From<&'static str> for Stop {
+    fn from(why: &'static str) -> Self {
+        Stop::Decode(why)
+    }
+}
+
+impl From<limiter::Error> for Stop {
+    fn from(e: limiter::Error) -> Self {
+        match e {
+            limiter::Error::InvalidRequest(why) => Stop::TooLarge(why),
+            other => Stop::TooLarge(other.to_string()),
+        }
+    }
+}
 
 /// The unread rest of a message.
 struct Reader<'a> {
@@ -131,11 +204,14 @@ impl<'a> Reader<'a> {
 
     /// A string field.
     fn string(&mut self, wire: u8) -> Decoded<String> {
+        self.str(wire).map(str::to_owned)
+    }
+
+    /// A string field, borrowed from the message.
+    fn str(&mut self, wire: u8) -> Decoded<&'a str> {
         expect(wire, LEN)?;
         let bytes = self.bytes()?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| "invalid string value: data is not UTF-8 encoded")
+        std::str::from_utf8(bytes).map_err(|_| "invalid string value: data is not UTF-8 encoded")
     }
 
     /// A varint field.
@@ -196,15 +272,22 @@ struct WireRequest {
 }
 
 impl WireRequest {
-    fn read(r: &mut Reader<'_>) -> Decoded<Self> {
+    /// Reads a request, stopping at the first size over `limits`.
+    fn read(r: &mut Reader<'_>, limits: &RequestLimits) -> Result<Self, Stop> {
         let mut m = Self::default();
         while r.has_more() {
             match r.key()? {
                 (1, wire) => m.domain = r.string(wire)?,
                 (2, wire) => {
                     let mut inner = r.message(wire, RECURSION_LIMIT)?;
-                    m.descriptors
-                        .push(WireDescriptor::read(&mut inner, RECURSION_LIMIT - 1)?);
+                    let i = m.descriptors.len();
+                    limits.check_descriptor_count(i + 1)?;
+                    m.descriptors.push(WireDescriptor::read(
+                        &mut inner,
+                        RECURSION_LIMIT - 1,
+                        i,
+                        limits,
+                    )?);
                 }
                 (3, wire) => m.hits_addend = r.scalar(wire)? as u32,
                 (field, wire) => r.skip(wire, field, RECURSION_LIMIT)?,
@@ -225,22 +308,32 @@ struct WireDescriptor {
 }
 
 impl WireDescriptor {
-    /// Reads the fields of one descriptor, `depth` levels left to nest.
-    fn read(r: &mut Reader<'_>, depth: u32) -> Decoded<Self> {
+    /// Reads the fields of descriptor `i`, `depth` levels left to nest, stopping at the
+    /// first size over `limits`.
+    fn read(
+        r: &mut Reader<'_>,
+        depth: u32,
+        i: usize,
+        limits: &RequestLimits,
+    ) -> Result<Self, Stop> {
         let mut m = Self::default();
         while r.has_more() {
             match r.key()? {
                 (1, wire) => {
                     let mut inner = r.message(wire, depth)?;
-                    let (mut key, mut value) = (String::new(), String::new());
+                    let j = m.entries.len();
+                    limits.check_entry_count(i, j + 1)?;
+                    // Borrowed until judged: a long key or value is refused uncopied.
+                    let (mut key, mut value) = ("", "");
                     while inner.has_more() {
                         match inner.key()? {
-                            (1, wire) => key = inner.string(wire)?,
-                            (2, wire) => value = inner.string(wire)?,
+                            (1, wire) => key = inner.str(wire)?,
+                            (2, wire) => value = inner.str(wire)?,
                             (field, wire) => inner.skip(wire, field, depth - 1)?,
                         }
                     }
-                    m.entries.push((key, value));
+                    limits.check_entry(i, j, key, value)?;
+                    m.entries.push((key.to_owned(), value.to_owned()));
                 }
                 (2, wire) => {
                     // A second override merges into the first, field by field.
@@ -289,15 +382,56 @@ mod tests {
     /// What prost and `from_wire` make of `bytes`: the request, `Decode` (the
     /// message is not decided by prost; its reason is not compared), or `Invalid`.
     fn oracle(bytes: &[u8]) -> Result<RateLimitRequest, Malformed> {
+        oracle_within(bytes, &RequestLimits::default())
+    }
+
+    fn oracle_within(bytes: &[u8], limits: &RequestLimits) -> Result<RateLimitRequest, Malformed> {
         let wire = ProstRequest::decode(bytes).map_err(|_| Malformed::Decode(""))?;
-        from_wire(wire).map_err(Malformed::Invalid)
+        from_wire(wire, limits).map_err(Malformed::Invalid)
     }
 
     fn ours(bytes: &[u8]) -> Result<RateLimitRequest, Malformed> {
-        request(bytes).map_err(|e| match e {
+        ours_within(bytes, &RequestLimits::default())
+    }
+
+    fn ours_within(bytes: &[u8], limits: &RequestLimits) -> Result<RateLimitRequest, Malformed> {
+        request_within(bytes, limits).map_err(|e| match e {
             Malformed::Decode(_) => Malformed::Decode(""),
             other => other,
         })
+    }
+
+    /// Small limits, which the generated requests cross.
+    const SMALL: RequestLimits = RequestLimits {
+        max_descriptors: 2,
+        max_entries: 1,
+        max_entry_bytes: 4,
+    };
+
+    /// Whether `why` is a refusal for a size (what the decoder may say where prost
+    /// finds damage after the point it stopped at).
+    fn is_size_refusal(why: &Malformed) -> bool {
+        matches!(why, Malformed::Invalid(w) if w.contains("(--max-"))
+    }
+
+    /// A request of `descriptors` descriptors of `entries` entries each, as bytes.
+    fn many(descriptors: usize, entries: usize) -> Vec<u8> {
+        ProstRequest {
+            domain: "d".into(),
+            descriptors: (0..descriptors)
+                .map(|i| RateLimitDescriptor {
+                    entries: (0..entries)
+                        .map(|j| Entry {
+                            key: format!("k{j}"),
+                            value: format!("v{i}"),
+                        })
+                        .collect(),
+                    ..RateLimitDescriptor::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+        .encode_to_vec()
     }
 
     fn text() -> impl Strategy<Value = String> {
@@ -381,6 +515,100 @@ mod tests {
         fn arbitrary_bytes_get_prosts_verdict(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             prop_assert_eq!(ours(&bytes), oracle(&bytes));
         }
+
+        /// Within limits that the requests cross: the same request, or the same
+        /// refusal, naming the same size.
+        #[test]
+        fn stops_where_from_wire_refuses(wire in wire_request()) {
+            let bytes = wire.encode_to_vec();
+            prop_assert_eq!(ours_within(&bytes, &SMALL), oracle_within(&bytes, &SMALL));
+        }
+
+        /// Damaged messages within small limits: prost's verdict, except that a message
+        /// prost cannot decode may be refused for a size met before the damage.
+        #[test]
+        fn damaged_messages_within_limits_get_prosts_verdict_or_a_size_refusal(
+            wire in wire_request(),
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..4),
+        ) {
+            let mut bytes = wire.encode_to_vec();
+            for (at, byte, how) in edits {
+                mutate(&mut bytes, at, byte, how);
+            }
+            let (got, want) = (ours_within(&bytes, &SMALL), oracle_within(&bytes, &SMALL));
+            if want == Err(Malformed::Decode("")) && got.as_ref().is_err_and(is_size_refusal) {
+                return Ok(());
+            }
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    /// The caps, with the words every front end uses; the decoder stops at them: what
+    /// follows the 65th descriptor (or a descriptor's 33rd entry) is not even read, so
+    /// bytes that do not decode there change nothing.
+    #[test]
+    fn stops_reading_at_the_caps() {
+        let limits = RequestLimits::default();
+        let too_many = Malformed::Invalid(
+            "a request may carry at most 64 descriptors (--max-descriptors)".into(),
+        );
+        assert!(request_within(&many(64, 32), &limits).is_ok());
+        assert_eq!(request_within(&many(65, 1), &limits), Err(too_many.clone()));
+        assert_eq!(oracle(&many(65, 1)), Err(too_many.clone()));
+        // 100,000 descriptors (1.9 MB).
+        let huge = many(100_000, 1);
+        assert_eq!(request_within(&huge, &limits), Err(too_many.clone()));
+        // Damage after the 65th descriptor: prost does not decode it; we never got there.
+        let mut damaged = many(65, 1);
+        damaged.extend_from_slice(&[0x12, 0x7f]);
+        assert_eq!(oracle(&damaged), Err(Malformed::Decode("")));
+        assert_eq!(request_within(&damaged, &limits), Err(too_many));
+
+        let too_long = Malformed::Invalid(
+            "descriptor 0: a descriptor may carry at most 32 entries (--max-entries)".into(),
+        );
+        // Descriptor 1 (and the damage after it) is never read.
+        let mut entries = many(2, 33);
+        assert_eq!(request_within(&entries, &limits), Err(too_long.clone()));
+        entries.extend_from_slice(&[0x12, 0x7f]);
+        assert_eq!(request_within(&entries, &limits), Err(too_long));
+    }
+
+    /// A 1 MB value is refused, uncopied, saying how long it is and may be; a key or
+    /// value repeated in its entry counts only as its last (prost's rule).
+    #[test]
+    fn a_long_value_is_refused_with_its_length() {
+        let wire = |value: String| ProstRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "path".into(),
+                    value,
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        let bytes = wire("x".repeat(1 << 20)).encode_to_vec();
+        let refusal = Malformed::Invalid(
+            "descriptor 0, entry 0: the value is 1048576 bytes; a key or value may be at most \
+             65536 bytes (--max-entry-bytes)"
+                .into(),
+        );
+        assert_eq!(ours(&bytes), Err(refusal.clone()));
+        assert_eq!(oracle(&bytes), Err(refusal));
+        assert!(ours(&wire("x".repeat(1 << 16)).encode_to_vec()).is_ok());
+        // value "xxxxx" then value "x" in one entry: prost keeps the last.
+        let bytes = [
+            0x0a, 1, b'd', 0x12, 15, 0x0a, 13, 0x0a, 1, b'k', 0x12, 5, b'x', b'x', b'x', b'x',
+            b'x', 0x12, 1, b'x',
+        ];
+        let small = RequestLimits {
+            max_entry_bytes: 4,
+            ..RequestLimits::default()
+        };
+        assert!(ours_within(&bytes, &small).is_ok());
+        assert_eq!(ours_within(&bytes, &small), oracle_within(&bytes, &small));
     }
 
     /// Hand-built messages for the rules prost follows that random messages rarely hit.

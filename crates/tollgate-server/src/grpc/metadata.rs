@@ -26,7 +26,8 @@
 //! `google.protobuf.Struct` ([`to_struct`]) or written as protobuf bytes by the native
 //! transport ([`write_struct`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 use tollgate::limiter::{quota_groups, Code, RateLimitRequest, RateLimitResponse};
@@ -89,8 +90,9 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
         ));
     }
 
-    // Quota groups with a descriptor over its limit.
-    let over_groups: Vec<u32> = statuses
+    // Quota groups with a descriptor over its limit (sets, here and below: the work
+    // stays linear in the descriptors).
+    let over_groups: HashSet<u32> = statuses
         .iter()
         .filter(|s| s.code == Code::OverLimit)
         .filter_map(|s| s.quota)
@@ -106,19 +108,28 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
         .map(|(i, _)| i)
         .collect();
 
-    let mut merged = Vec::new();
-    for &i in &passed {
-        if let Some(Metadata::Map(m)) = statuses[i].metadata.as_deref() {
-            merge(&mut merged, m);
-        }
-    }
+    // Each rule's metadata once, however many descriptors it passed.
+    let mut rules_seen = HashSet::new();
+    let maps: Vec<&[(String, Metadata)]> = passed
+        .iter()
+        .filter_map(|&i| {
+            let m = statuses[i].metadata.as_ref()?;
+            match &**m {
+                Metadata::Map(fields) if rules_seen.insert(Arc::as_ptr(m)) => {
+                    Some(fields.as_slice())
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let merged = merge(&maps);
     if !merged.is_empty() {
         fields.push(("metadata".into(), Metadata::Map(merged)));
     }
 
     if statuses.iter().any(|s| s.quota.is_some()) {
         let groups = quota_groups(&request.descriptors);
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         let mut backends = Vec::new();
         for &i in &passed {
             let Some(d) = request.descriptors.get(i) else {
@@ -132,10 +143,9 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
                     .map_or("", |(_, v)| v.as_str())
             };
             let (backend, model) = (entry(BACKEND), entry(MODEL));
-            if (backend.is_empty() && model.is_empty()) || seen.contains(&groups[i]) {
+            if (backend.is_empty() && model.is_empty()) || !seen.insert(groups[i]) {
                 continue;
             }
-            seen.push(groups[i]);
             backends.push(Metadata::Map(vec![
                 (BACKEND.into(), Metadata::String(backend.into())),
                 (MODEL.into(), Metadata::String(model.into())),
@@ -148,20 +158,43 @@ pub fn dynamic_metadata(request: &RateLimitRequest, response: &RateLimitResponse
     Metadata::Map(fields)
 }
 
-/// Merges `src` into `dest`: a field `dest` has keeps its value (two maps merge field
-/// by field), a new one is added.
-fn merge(dest: &mut Vec<(String, Metadata)>, src: &[(String, Metadata)]) {
-    for (k, v) in src {
-        match dest.iter_mut().find(|(dk, _)| dk == k) {
-            Some((_, Metadata::Map(d))) => {
-                if let Metadata::Map(s) = v {
-                    merge(d, s);
+/// Merges maps, the first first: a field keeps its first value (maps merge field by
+/// field, with the later maps of that field; a later value that is not a map is
+/// ignored), in the order fields first appear. Linear in the maps' sizes: each field
+/// is looked up in a hash map, not in the fields merged so far.
+fn merge<'a>(maps: &[&'a [(String, Metadata)]]) -> Vec<(String, Metadata)> {
+    let mut fields: Vec<(&'a str, Vec<&'a Metadata>)> = Vec::new();
+    let mut at: HashMap<&'a str, usize> = HashMap::new();
+    for map in maps {
+        for (k, v) in *map {
+            match at.get(k.as_str()) {
+                Some(&i) => fields[i].1.push(v),
+                None => {
+                    at.insert(k, fields.len());
+                    fields.push((k, vec![v]));
                 }
             }
-            Some(_) => {}
-            None => dest.push((k.clone(), v.clone())),
         }
     }
+    fields
+        .into_iter()
+        .map(|(k, values)| {
+            let value = match values[0] {
+                Metadata::Map(_) => {
+                    let maps: Vec<&[(String, Metadata)]> = values
+                        .iter()
+                        .filter_map(|v| match v {
+                            Metadata::Map(m) => Some(m.as_slice()),
+                            _ => None,
+                        })
+                        .collect();
+                    Metadata::Map(merge(&maps))
+                }
+                first => first.clone(),
+            };
+            (k.to_string(), value)
+        })
+        .collect()
 }
 
 /// A map as tonic's `Struct` (any other value as a one-field struct would be wrong:
@@ -474,6 +507,56 @@ descriptors:
         assert_eq!(field(&m, "hitsAddend"), Some(&Metadata::Number(2.0)));
         assert_eq!(field(&m, "passedBackends"), None);
         assert_eq!(field(&m, "metadata"), None);
+    }
+
+    /// Many descriptors (past the default caps, as a library caller may allow): each
+    /// quota group's backend listed once, each rule's metadata merged once; the sets
+    /// and the merge keep this linear in the descriptors.
+    #[test]
+    fn many_descriptors_merge_each_rules_metadata_once() {
+        use std::sync::Arc;
+        use tollgate::limiter::{Limiter, RequestLimits, Settings};
+        use tollgate::rules::{from_str, Rules};
+        use tollgate::store::MemoryStore;
+        let n = 5_000;
+        let set = from_str("rules.yaml", RULES).expect("valid rules");
+        let limiter =
+            Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new()).with_settings(Settings {
+                limits: RequestLimits {
+                    max_descriptors: n,
+                    ..RequestLimits::default()
+                },
+                ..Settings::default()
+            });
+        let request = RateLimitRequest::new(
+            "ai",
+            (0..n).map(|i| {
+                if i % 2 == 0 {
+                    vec![("backend_name".to_string(), format!("b{}", i % 1_000))]
+                } else {
+                    vec![("user".to_string(), format!("u{i}"))]
+                }
+            }),
+        );
+        let response = limiter.check_now(&request).expect("an answer");
+        let m = dynamic_metadata(&request, &response);
+        let Some(Metadata::List(backends)) = field(&m, "passedBackends") else {
+            panic!("no backends in the answer");
+        };
+        // b0, b2, ..., b998: each group once.
+        assert_eq!(backends.len(), 500);
+        let expected = Metadata::Map(vec![
+            (
+                "route".into(),
+                Metadata::Map(vec![
+                    ("cluster".into(), string("primary")),
+                    ("weight".into(), Metadata::Number(1.0)),
+                ]),
+            ),
+            ("team".into(), string("models")),
+            ("tier".into(), string("free")),
+        ]);
+        assert_eq!(field(&m, "metadata"), Some(&expected));
     }
 
     proptest! {

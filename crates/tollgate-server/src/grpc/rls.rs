@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use tollgate::limiter::{
-    self, Code, Descriptor, LimitOverride, RateLimitRequest, RateLimitResponse,
+    self, Code, Descriptor, LimitOverride, RateLimitRequest, RateLimitResponse, RequestLimits,
 };
 use tollgate::rules::Unit;
 
@@ -78,7 +78,7 @@ pub async fn answer(
     wire: WireRequest,
     timeout: Option<Duration>,
 ) -> Result<WireResponse, Failure> {
-    let request = from_wire(wire).map_err(|e| {
+    let request = from_wire(wire, &service.limiter.settings().limits).map_err(|e| {
         service.metrics.invalid_request();
         Failure::InvalidArgument(e)
     })?;
@@ -132,8 +132,18 @@ pub fn store_budget(timeout: Duration) -> Duration {
     timeout * 4 / 5
 }
 
-/// The wire request as a [`RateLimitRequest`]; `Err` names what is malformed.
-pub fn from_wire(wire: WireRequest) -> Result<RateLimitRequest, String> {
+/// The wire request as a [`RateLimitRequest`]; `Err` names what is malformed. Sizes
+/// over `limits` are looked for first, in the order the native decoder reads them
+/// (see [`RequestLimits::check_sizes`]), before anything is converted: a call of
+/// 100,000 descriptors is refused for its size at the cost of a count.
+pub fn from_wire(wire: WireRequest, limits: &RequestLimits) -> Result<RateLimitRequest, String> {
+    limits
+        .check_sizes(
+            wire.descriptors
+                .iter()
+                .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
+        )
+        .map_err(invalid)?;
     let descriptors = wire
         .descriptors
         .into_iter()
@@ -148,21 +158,32 @@ pub fn from_wire(wire: WireRequest) -> Result<RateLimitRequest, String> {
             )
         })
         .collect::<Result<Vec<_>, String>>()?;
-    validated(RateLimitRequest {
-        domain: wire.domain,
-        descriptors,
-        hits_addend: u64::from(wire.hits_addend),
-    })
+    validated(
+        RateLimitRequest {
+            domain: wire.domain,
+            descriptors,
+            hits_addend: u64::from(wire.hits_addend),
+        },
+        limits,
+    )
 }
 
-/// `request` if it is valid (a domain, descriptors, entries with keys), else what is
-/// wrong with it.
-pub(crate) fn validated(request: RateLimitRequest) -> Result<RateLimitRequest, String> {
-    request.validate().map_err(|e| match e {
+/// `request` if it is valid (a domain, descriptors within `limits`, entries with
+/// keys), else what is wrong with it.
+pub(crate) fn validated(
+    request: RateLimitRequest,
+    limits: &RequestLimits,
+) -> Result<RateLimitRequest, String> {
+    request.validate(limits).map_err(invalid)?;
+    Ok(request)
+}
+
+/// What a refusal of the limiter says.
+fn invalid(e: limiter::Error) -> String {
+    match e {
         limiter::Error::InvalidRequest(why) => why,
         other => other.to_string(),
-    })?;
-    Ok(request)
+    }
 }
 
 /// Descriptor `i` of a wire request, from its fields: the entries, the limit

@@ -416,6 +416,38 @@ def test_malformed_requests_are_invalid_arguments_and_the_server_keeps_serving(s
     assert response.statuses[0].limit_remaining == 2, "the malformed requests charged nothing"
 
 
+def test_requests_over_the_caps_are_invalid_arguments_naming_the_cap(stub):
+    """At most 64 descriptors of 32 entries (`--max-descriptors`, `--max-entries`), keys
+    and values of at most 64 KiB: past them INVALID_ARGUMENT, whatever the transport;
+    100,000 descriptors (1.8 MB) are refused as quickly."""
+    cases = [
+        ([[("user", f"gina{i}")] for i in range(65)],
+         "a request may carry at most 64 descriptors (--max-descriptors)"),
+        ([[("user", f"hana{i}")] for i in range(100_000)],
+         "a request may carry at most 64 descriptors (--max-descriptors)"),
+        ([[(f"k{j}", "v") for j in range(33)]],
+         "descriptor 0: a descriptor may carry at most 32 entries (--max-entries)"),
+        ([[("user", "x" * (1 << 20))]],
+         "descriptor 0, entry 0: the value is 1048576 bytes; a key or value may be at most "
+         "65536 bytes (--max-entry-bytes)"),
+    ]
+    for descriptors, why in cases:
+        with pytest.raises(grpc.RpcError) as error:
+            check(stub, *descriptors)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details() == why
+
+    # At the cap: decided, and the 64 descriptors of one limit make one policy item.
+    away_from_window_end(60)
+    response = check(stub, *[[("user", f"gina{i}")] for i in range(64)])
+    assert response.overall_code == OK
+    assert len(response.statuses) == 64
+    assert all(s.limit_remaining == 2 for s in response.statuses), "the refusals charged nothing"
+    h = headers(response)
+    assert h["ratelimit-policy"] == '"per_user";q=3;w=60'
+    assert re.fullmatch(r'"per_user";r=2;t=\d+', h["ratelimit"]), f"RateLimit: {h['ratelimit']!r}"
+
+
 def test_a_domain_without_rules_is_not_limited(stub):
     response = check(stub, [("user", "frank")], domain="nobody-configured-this")
     assert response.overall_code == OK

@@ -295,9 +295,28 @@ pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, ConfigError
         message,
     };
     let mut routes = section.routes;
+    // A route's rate limits are one request to the limiter: within its default caps.
+    let caps = crate::limiter::RequestLimits::default();
     for (i, route) in routes.iter_mut().enumerate() {
         for m in &mut route.matcher.methods {
             *m = m.to_ascii_uppercase();
+        }
+        if route.rate_limits.len() > caps.max_descriptors {
+            return Err(place(format!(
+                "http.routes[{i}]: at most {} `rate_limits` (the descriptors of one request)",
+                caps.max_descriptors
+            )));
+        }
+        if let Some(k) = route
+            .rate_limits
+            .iter()
+            .position(|r| r.actions.len() > caps.max_entries)
+        {
+            return Err(place(format!(
+                "http.routes[{i}].rate_limits[{k}]: at most {} `actions` (the entries of one \
+                 descriptor)",
+                caps.max_entries
+            )));
         }
         let actions = route
             .rate_limits
@@ -408,5 +427,27 @@ http:
         let bad_header = "domain: e\nhttp:\n  routes:\n    - rate_limits:\n        - actions: [{request_headers: {header_name: 'a b', descriptor_key: k}}]\n";
         let e = from_str("e.yaml", bad_header).unwrap_err();
         assert!(e.message.contains("not a valid header name"), "{e}");
+    }
+
+    /// A route whose request the limiter would refuse (past its default caps) is
+    /// refused when the file loads, not on every request.
+    #[test]
+    fn routes_within_the_limiters_caps() {
+        let route = |descriptors: usize, actions: usize| {
+            let list = vec!["{method: {}}"; actions].join(", ");
+            let items = format!("        - actions: [{list}]\n").repeat(descriptors);
+            format!("domain: e\nhttp:\n  routes:\n    - rate_limits:\n{items}")
+        };
+        assert!(from_str("e.yaml", &route(64, 32)).is_ok());
+        let e = from_str("e.yaml", &route(65, 1)).unwrap_err();
+        assert_eq!(
+            e.message,
+            "http.routes[0]: at most 64 `rate_limits` (the descriptors of one request)"
+        );
+        let e = from_str("e.yaml", &route(2, 33)).unwrap_err();
+        assert_eq!(
+            e.message,
+            "http.routes[0].rate_limits[0]: at most 32 `actions` (the entries of one descriptor)"
+        );
     }
 }

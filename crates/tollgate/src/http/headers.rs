@@ -1,15 +1,42 @@
 //! Rate limit response headers and the problem body, from a [`RateLimitResponse`]: the
 //! IETF draft fields (draft-ietf-httpapi-ratelimit-headers-10) `RateLimit-Policy` and
-//! `RateLimit`, one list item per limited descriptor named by its rule; `Retry-After`
-//! on OVER_LIMIT; optionally the legacy `X-RateLimit-Limit/Remaining/Reset`, and
-//! envoyproxy/ratelimit's `RateLimit-Limit/Remaining/Reset` (its
-//! `LIMIT_RESPONSE_HEADERS_ENABLED`).
+//! `RateLimit`, one list item per policy (see below); `Retry-After` on OVER_LIMIT;
+//! optionally the legacy `X-RateLimit-Limit/Remaining/Reset`, and envoyproxy/ratelimit's
+//! `RateLimit-Limit/Remaining/Reset` (its `LIMIT_RESPONSE_HEADERS_ENABLED`).
+//!
+//! A policy is a distinct (name, quota, window): the limited descriptors that share
+//! all three (one rule's limit, for several values of its key, say) make one item, and
+//! its `RateLimit` item reports the least `remaining` and the longest reset among them:
+//! what the next request of the same shape can count on, and how long it may wait for
+//! all of them to be full again. The problem body lists each violated policy once too.
+//! Neither grows without bound: each draft field is at most [`MAX_FIELD_BYTES`] and the
+//! problem body's policies at most [`MAX_PROBLEM_POLICY_BYTES`]; past that, the most
+//! restrictive items that fit are kept (over the limit first, then the least remaining,
+//! then the longest reset; in the body, the longest wait first), in their order.
 //!
 //! gRPC, the HTTP API and the gateway (`RateLimitLayer`, `tollgate proxy`) all use this one module.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::Range;
 
 use crate::limiter::{Code, DescriptorStatus, RateLimitResponse};
+
+/// Most bytes in the value of `RateLimit-Policy`, and in that of `RateLimit` (4 KiB).
+///
+/// About a hundred items of a typical size, far more than distinct policies a request
+/// has; the two fields together stay well within the smallest limits on a whole
+/// response head that clients and proxies commonly apply (16 KiB in Node.js, 60 KiB in
+/// Envoy), and far under curl's (100 KiB) and Python's (64 KiB) limit on one line.
+pub const MAX_FIELD_BYTES: usize = 4096;
+
+/// Most bytes of the violated policies in the problem body (4 KiB): the names in its
+/// `detail`, and the items of `violated_policies`, each counted. The body is then at
+/// most about 8.5 KiB.
+pub const MAX_PROBLEM_POLICY_BYTES: usize = 4096;
+
+/// Past this many policies, [`Policies`] finds one through a map rather than a scan.
+const SCAN: usize = 8;
 
 /// Which headers (and rejection body) to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +130,164 @@ fn limited(response: &RateLimitResponse) -> impl Iterator<Item = (usize, &Descri
         .filter(|(_, s)| s.limit.is_some())
 }
 
+/// One item of the draft fields: a distinct (name, quota, window) and the state of its
+/// descriptors.
+struct Policy {
+    /// Its `RateLimit-Policy` item (`"name";q=Q;w=W`), in [`Policies::text`].
+    at: Range<usize>,
+    /// The length of its name (the quoted string the item starts with).
+    name_len: usize,
+    /// The least `remaining` of its descriptors.
+    remaining: u64,
+    /// The longest reset of its descriptors, in seconds.
+    reset: u64,
+    /// One of its descriptors is over its limit.
+    over: bool,
+}
+
+/// The policies of a response, in the order of their first descriptor; linear in the
+/// descriptors (a scan while there are few, a map after).
+struct Policies {
+    /// The `RateLimit-Policy` items, joined by `", "`: the field's value.
+    text: String,
+    items: Vec<Policy>,
+    /// Item text → index, once there are more than [`SCAN`] items.
+    index: Option<HashMap<String, usize>>,
+}
+
+impl Policies {
+    fn of(response: &RateLimitResponse) -> Self {
+        let mut p = Policies {
+            text: String::with_capacity(64),
+            items: Vec::new(),
+            index: None,
+        };
+        let mut item = String::with_capacity(64);
+        for (i, s) in limited(response) {
+            let Some(l) = &s.limit else { continue };
+            item.clear();
+            push_policy_name(&mut item, i, s);
+            let name_len = item.len();
+            item.push_str(";q=");
+            push_u64(&mut item, l.requests_per_unit);
+            item.push_str(";w=");
+            push_u64(&mut item, l.unit.seconds());
+            let (remaining, reset, over) =
+                (s.remaining, s.reset_after_secs(), s.code == Code::OverLimit);
+            let found = match &p.index {
+                Some(map) => map.get(item.as_str()).copied(),
+                None => p.items.iter().position(|it| p.text[it.at.clone()] == *item),
+            };
+            if let Some(k) = found {
+                let it = &mut p.items[k];
+                it.remaining = it.remaining.min(remaining);
+                it.reset = it.reset.max(reset);
+                it.over |= over;
+                continue;
+            }
+            if !p.text.is_empty() {
+                p.text.push_str(", ");
+            }
+            let start = p.text.len();
+            p.text.push_str(&item);
+            p.items.push(Policy {
+                at: start..p.text.len(),
+                name_len,
+                remaining,
+                reset,
+                over,
+            });
+            match &mut p.index {
+                Some(map) => {
+                    map.insert(item.clone(), p.items.len() - 1);
+                }
+                None if p.items.len() > SCAN => {
+                    let text = &p.text;
+                    p.index = Some(
+                        p.items
+                            .iter()
+                            .enumerate()
+                            .map(|(k, it)| (text[it.at.clone()].to_string(), k))
+                            .collect(),
+                    );
+                }
+                None => {}
+            }
+        }
+        p
+    }
+
+    /// Writes item `it`'s `RateLimit` item: `"name";r=R;t=T`.
+    fn push_state(&self, out: &mut String, it: &Policy) {
+        out.push_str(&self.text[it.at.start..it.at.start + it.name_len]);
+        out.push_str(";r=");
+        push_u64(out, it.remaining);
+        out.push_str(";t=");
+        push_u64(out, it.reset);
+    }
+
+    /// The two draft fields' values, each at most [`MAX_FIELD_BYTES`] (none when there
+    /// is no item, or none fits).
+    fn fields(self) -> Option<(String, String)> {
+        if self.items.is_empty() {
+            return None;
+        }
+        let mut states = String::with_capacity(self.text.len());
+        for it in &self.items {
+            if !states.is_empty() {
+                states.push_str(", ");
+            }
+            self.push_state(&mut states, it);
+        }
+        if self.text.len() <= MAX_FIELD_BYTES && states.len() <= MAX_FIELD_BYTES {
+            return Some((self.text, states));
+        }
+        // Too long: the most restrictive items that fit, kept in their order.
+        let state_items: Vec<String> = self
+            .items
+            .iter()
+            .map(|it| {
+                let mut out = String::new();
+                self.push_state(&mut out, it);
+                out
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..self.items.len()).collect();
+        order.sort_by_key(|&k| {
+            let it = &self.items[k];
+            (!it.over, it.remaining, std::cmp::Reverse(it.reset))
+        });
+        let mut keep = vec![false; self.items.len()];
+        let (mut policy_len, mut state_len) = (0, 0);
+        for k in order {
+            let sep = if policy_len == 0 { 0 } else { 2 };
+            let (p, s) = (self.items[k].at.len() + sep, state_items[k].len() + sep);
+            if policy_len + p <= MAX_FIELD_BYTES && state_len + s <= MAX_FIELD_BYTES {
+                keep[k] = true;
+                policy_len += p;
+                state_len += s;
+            }
+        }
+        let (mut policies, mut states) = (String::new(), String::new());
+        for (k, it) in self.items.iter().enumerate().filter(|(k, _)| keep[*k]) {
+            if !policies.is_empty() {
+                policies.push_str(", ");
+                states.push_str(", ");
+            }
+            policies.push_str(&self.text[it.at.clone()]);
+            states.push_str(&state_items[k]);
+        }
+        let kept = keep.iter().filter(|k| **k).count();
+        tracing::debug!(
+            kept,
+            left_out = self.items.len() - kept,
+            max = MAX_FIELD_BYTES,
+            "the RateLimit-Policy and RateLimit fields keep the most restrictive policies that fit"
+        );
+        (!policies.is_empty()).then_some((policies, states))
+    }
+}
+
 /// The response headers for `response`, as (name, value) pairs.
 pub fn headers(
     response: &RateLimitResponse,
@@ -110,25 +295,7 @@ pub fn headers(
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     if settings.draft {
-        let (mut policies, mut states) = (String::with_capacity(64), String::with_capacity(64));
-        for (i, s) in limited(response) {
-            let Some(l) = &s.limit else { continue };
-            if !policies.is_empty() {
-                policies.push_str(", ");
-                states.push_str(", ");
-            }
-            push_policy_name(&mut policies, i, s);
-            policies.push_str(";q=");
-            push_u64(&mut policies, l.requests_per_unit);
-            policies.push_str(";w=");
-            push_u64(&mut policies, l.unit.seconds());
-            push_policy_name(&mut states, i, s);
-            states.push_str(";r=");
-            push_u64(&mut states, s.remaining);
-            states.push_str(";t=");
-            push_u64(&mut states, s.reset_after_secs());
-        }
-        if !policies.is_empty() {
+        if let Some((policies, states)) = Policies::of(response).fields() {
             out.push(("RateLimit-Policy", policies));
             out.push(("RateLimit", states));
         }
@@ -207,47 +374,132 @@ fn header_name(name: &'static str) -> http::HeaderName {
     }
 }
 
+/// What makes a violated policy: its name, limit and window.
+type ViolatedKey<'r> = (Cow<'r, str>, Option<u64>, Option<u64>);
+
+/// A violated policy of the problem body: a distinct (name, limit, window).
+struct Violated<'r> {
+    name: Cow<'r, str>,
+    limit: Option<u64>,
+    window: Option<u64>,
+    /// The longest wait of its descriptors; `None`: never.
+    retry: Option<u64>,
+}
+
 /// An RFC 9457 problem detail naming the violated policies, for OVER_LIMIT answers:
 /// `type`, `title`, `status`, `detail` and `violated_policies` (each with `policy`,
-/// `limit`, `window_seconds`, `retry_after_seconds`; `null` where unknown).
+/// `limit`, `window_seconds`, `retry_after_seconds`; `null` where unknown or never).
+/// Each policy (name, limit, window) is listed once, with the longest wait among its
+/// descriptors; past [`MAX_PROBLEM_POLICY_BYTES`], the policies with the longest waits
+/// that fit are kept, and `omitted_policies` says how many were left out.
 ///
 /// Written by hand rather than through `serde_json::Value`: this is on every 429 and
 /// the generic map cost more than the rest of the rejection (callgrind).
 pub fn problem_body(response: &RateLimitResponse) -> Vec<u8> {
-    let violated = || {
-        response
-            .statuses
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.code == Code::OverLimit)
-    };
+    let mut violated: Vec<Violated<'_>> = Vec::new();
+    let mut index: HashMap<ViolatedKey<'_>, usize> = HashMap::new();
+    for (i, s) in response
+        .statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.code == Code::OverLimit)
+    {
+        let name = policy_name(i, s);
+        let limit = s.limit.as_ref().map(|l| l.requests_per_unit);
+        let window = s.limit.as_ref().map(|l| l.unit.seconds());
+        let retry = s.retry_after_secs();
+        // A scan while there are few (no map), a map after: linear in the descriptors.
+        let found = if violated.len() <= SCAN {
+            violated
+                .iter()
+                .position(|v| v.limit == limit && v.window == window && v.name == name)
+        } else {
+            if index.is_empty() {
+                index = violated
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| ((v.name.clone(), v.limit, v.window), k))
+                    .collect();
+            }
+            index.get(&(name.clone(), limit, window)).copied()
+        };
+        match found {
+            Some(k) => {
+                let v = &mut violated[k];
+                v.retry = v.retry.zip(retry).map(|(a, b)| a.max(b));
+            }
+            None => {
+                if violated.len() > SCAN {
+                    index.insert((name.clone(), limit, window), violated.len());
+                }
+                violated.push(Violated {
+                    name,
+                    limit,
+                    window,
+                    retry,
+                });
+            }
+        }
+    }
+    // Each policy's share of the budget: its name in `detail`, and its item.
+    let items: Vec<(String, String)> = violated
+        .iter()
+        .map(|v| {
+            let mut name = String::new();
+            push_json_escaped(&mut name, &v.name);
+            let mut item = String::with_capacity(name.len() + 80);
+            item.push_str("{\"policy\":\"");
+            item.push_str(&name);
+            item.push_str("\",\"limit\":");
+            push_json_number(&mut item, v.limit);
+            item.push_str(",\"window_seconds\":");
+            push_json_number(&mut item, v.window);
+            item.push_str(",\"retry_after_seconds\":");
+            push_json_number(&mut item, v.retry);
+            item.push('}');
+            (name, item)
+        })
+        .collect();
+    let cost = |k: usize| items[k].0.len() + items[k].1.len() + 3;
+    let mut keep = vec![true; items.len()];
+    if (0..items.len()).map(cost).sum::<usize>() > MAX_PROBLEM_POLICY_BYTES {
+        // The longest waits first (never before any number).
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&k| std::cmp::Reverse(violated[k].retry.unwrap_or(u64::MAX)));
+        let mut used = 0;
+        for k in order {
+            keep[k] = used + cost(k) <= MAX_PROBLEM_POLICY_BYTES;
+            if keep[k] {
+                used += cost(k);
+            }
+        }
+    }
+    let kept = || items.iter().zip(&keep).filter(|(_, k)| **k).map(|(i, _)| i);
+    let omitted = keep.iter().filter(|k| !**k).count();
     let mut out = String::with_capacity(256);
     out.push_str(
         "{\"type\":\"https://tollgate.dev/problems/rate-limited\",\
          \"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"rate limit exceeded: ",
     );
-    for (n, (i, s)) in violated().enumerate() {
+    for (n, (name, _)) in kept().enumerate() {
         if n > 0 {
             out.push_str(", ");
         }
-        push_json_escaped(&mut out, &policy_name(i, s));
+        out.push_str(name);
     }
     out.push_str("\",\"violated_policies\":[");
-    for (n, (i, s)) in violated().enumerate() {
+    for (n, (_, item)) in kept().enumerate() {
         if n > 0 {
             out.push(',');
         }
-        out.push_str("{\"policy\":\"");
-        push_json_escaped(&mut out, &policy_name(i, s));
-        out.push_str("\",\"limit\":");
-        push_json_number(&mut out, s.limit.as_ref().map(|l| l.requests_per_unit));
-        out.push_str(",\"window_seconds\":");
-        push_json_number(&mut out, s.limit.as_ref().map(|l| l.unit.seconds()));
-        out.push_str(",\"retry_after_seconds\":");
-        push_json_number(&mut out, s.retry_after_secs());
-        out.push('}');
+        out.push_str(item);
     }
-    out.push_str("]}");
+    out.push(']');
+    if omitted > 0 {
+        out.push_str(",\"omitted_policies\":");
+        push_u64(&mut out, omitted as u64);
+    }
+    out.push('}');
     out.into_bytes()
 }
 
@@ -497,6 +749,164 @@ mod tests {
         let mut none = status(None, Code::Ok, 0, 0, 0);
         none.limit = None;
         assert_eq!(fields(vec![none]), vec![]);
+    }
+
+    /// Descriptors of one limit (one rule, many values of its key) make one policy,
+    /// reporting the least remaining and the longest reset; the problem body lists it
+    /// once, with the longest wait.
+    #[test]
+    fn descriptors_of_one_limit_make_one_policy() {
+        let mut statuses: Vec<DescriptorStatus> = (0..1_000u64)
+            .map(|i| status(Some("per_user"), Code::Ok, 5 + i % 7, 10 + i % 13, 0))
+            .collect();
+        statuses[500] = status(Some("per_user"), Code::OverLimit, 0, 40, 33);
+        statuses[600] = status(Some("per_user"), Code::OverLimit, 0, 20, 44);
+        // Another quota under the same name is another policy.
+        let mut other = status(Some("per_user"), Code::Ok, 3, 5, 0);
+        other.limit.as_mut().unwrap().requests_per_unit = 99;
+        statuses.push(other);
+        let r = RateLimitResponse {
+            overall: Code::OverLimit,
+            store_failure: None,
+            statuses,
+        };
+        let h = headers(&r, HeaderSettings::default());
+        assert_eq!(
+            h[..2],
+            [
+                (
+                    "RateLimit-Policy",
+                    "\"per_user\";q=10;w=60, \"per_user\";q=99;w=60".to_string()
+                ),
+                (
+                    "RateLimit",
+                    "\"per_user\";r=0;t=40, \"per_user\";r=3;t=5".to_string()
+                ),
+            ]
+        );
+        let body: serde_json::Value = serde_json::from_slice(&problem_body(&r)).expect("JSON");
+        assert_eq!(
+            body["violated_policies"],
+            serde_json::json!([
+                {"policy": "per_user", "limit": 10, "window_seconds": 60, "retry_after_seconds": 44},
+            ])
+        );
+        assert_eq!(body["detail"], "rate limit exceeded: per_user");
+    }
+
+    /// Past [`SCAN`] policies, the map finds them: 100 policies of 50 descriptors each,
+    /// interleaved, still make 100 items, in the order of their first descriptor.
+    #[test]
+    fn many_policies_are_each_found_again() {
+        let statuses: Vec<DescriptorStatus> = (0..5_000u64)
+            .map(|i| status(Some(&format!("p{}", i % 100)), Code::Ok, i / 100, 1, 0))
+            .collect();
+        let r = RateLimitResponse {
+            overall: Code::Ok,
+            store_failure: None,
+            statuses,
+        };
+        let h = headers(&r, HeaderSettings::default());
+        let items: Vec<&str> = h[1].1.split(", ").collect();
+        assert_eq!(items.len(), 100);
+        assert_eq!(items[0], "\"p0\";r=0;t=1");
+        assert_eq!(items[99], "\"p99\";r=0;t=1");
+    }
+
+    /// However many distinct policies, each draft field stays within
+    /// [`MAX_FIELD_BYTES`], keeping the most restrictive (over the limit, then least
+    /// remaining) in their order; the problem body keeps the longest waits within its
+    /// budget and says how many it left out.
+    #[test]
+    fn headers_and_body_stay_bounded() {
+        let n = 100_000u64;
+        let statuses: Vec<DescriptorStatus> = (0..n)
+            .map(|i| {
+                let name = format!("policy-{i:06}");
+                match i {
+                    77_777 => status(Some(&name), Code::OverLimit, 0, 9, 9),
+                    88_888 => status(Some(&name), Code::OverLimit, 0, 900, 900),
+                    _ => status(Some(&name), Code::Ok, 1 + i % 1_000, 60, 0),
+                }
+            })
+            .collect();
+        let r = RateLimitResponse {
+            overall: Code::OverLimit,
+            store_failure: None,
+            statuses,
+        };
+        let h = headers(&r, HeaderSettings::default());
+        let (policy, state) = (&h[0].1, &h[1].1);
+        assert!(policy.len() <= MAX_FIELD_BYTES && state.len() <= MAX_FIELD_BYTES);
+        assert!(
+            policy.len() > MAX_FIELD_BYTES - 40,
+            "room left: {}",
+            policy.len()
+        );
+        let items: Vec<&str> = state.split(", ").collect();
+        // The two over the limit, then those with 1 remaining, in descriptor order.
+        assert_eq!(items[0], "\"policy-000000\";r=1;t=60");
+        assert!(items.contains(&"\"policy-077777\";r=0;t=9"));
+        assert!(items.contains(&"\"policy-088888\";r=0;t=900"));
+        // Every one with 1 left (100 of them) is kept, then some of those with 2.
+        assert_eq!(items.iter().filter(|i| i.contains(";r=1;")).count(), 100);
+        assert!(items
+            .iter()
+            .all(|i| [";r=0;", ";r=1;", ";r=2;"].iter().any(|r| i.contains(r))));
+        let policies: Vec<&str> = policy.split(", ").collect();
+        assert_eq!(policies.len(), items.len());
+        assert_eq!(policies[0], "\"policy-000000\";q=10;w=60");
+
+        let violated: Vec<DescriptorStatus> = (0..n)
+            .map(|i| {
+                status(
+                    Some(&format!("policy-{i:06}")),
+                    Code::OverLimit,
+                    0,
+                    1,
+                    1 + i % 500,
+                )
+            })
+            .collect();
+        let r = RateLimitResponse {
+            overall: Code::OverLimit,
+            store_failure: None,
+            statuses: violated,
+        };
+        let bytes = problem_body(&r);
+        assert!(
+            bytes.len() < 2 * MAX_PROBLEM_POLICY_BYTES,
+            "{} bytes",
+            bytes.len()
+        );
+        let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+        let kept = body["violated_policies"].as_array().expect("a list");
+        assert!(!kept.is_empty());
+        assert!(kept.iter().all(|p| p["retry_after_seconds"] == 500));
+        assert_eq!(body["omitted_policies"], n - kept.len() as u64);
+    }
+
+    /// A single name too long for the field leaves the draft fields out, not cut.
+    #[test]
+    fn an_item_too_long_for_a_field_is_left_out() {
+        let r = RateLimitResponse {
+            overall: Code::Ok,
+            store_failure: None,
+            statuses: vec![
+                status(Some(&"x".repeat(MAX_FIELD_BYTES)), Code::Ok, 0, 1, 0),
+                status(Some("short"), Code::Ok, 5, 1, 0),
+            ],
+        };
+        let h = headers(&r, HeaderSettings::default());
+        assert_eq!(
+            h[0],
+            ("RateLimit-Policy", "\"short\";q=10;w=60".to_string())
+        );
+        let alone = RateLimitResponse {
+            statuses: vec![r.statuses[0].clone()],
+            ..r
+        };
+        assert_eq!(headers(&alone, HeaderSettings::default()), vec![]);
     }
 
     #[test]

@@ -188,6 +188,13 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
                 }
                 r
             }
+            // The routes are checked against the limiter's caps when they load, so a
+            // refusal is for what the client sent: a header, path or query value
+            // longer than a descriptor value may be. Refused here, not let through.
+            Err(crate::limiter::Error::InvalidRequest(why)) => {
+                tracing::debug!(%why, "the limiter refused the request's descriptors");
+                return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the gateway built a request the limiter refused");
                 return Verdict::Answer(problem(

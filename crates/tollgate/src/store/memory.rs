@@ -32,6 +32,7 @@
 //!   are counted in [`MemoryStoreStats`].
 
 use std::collections::hash_map::RandomState as StdRandomState;
+use std::collections::HashSet;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -213,11 +214,14 @@ impl MemoryStore {
             g.latest = g.latest.max(now);
         }
         let mut undo: Vec<Undo> = Vec::new();
+        // The states saved, as a set: looking each check up in `undo` itself made a
+        // request quadratic in its checks.
+        let mut saved: HashSet<(u64, StateKind)> = HashSet::with_capacity(checks.len());
         let mut decisions = Vec::with_capacity(checks.len());
         for (check, &fp) in checks.iter().zip(&fps) {
             let shard = guard_for(&mut guards, self.shard_of(fp));
             let kind = check.limit.state_kind();
-            if !undo.iter().any(|u| u.fp == fp && u.saved.kind() == kind) {
+            if saved.insert((fp, kind)) {
                 undo.push(Undo::save(shard, fp, kind));
             }
             decisions.push(self.decide(shard, fp, check, now));
@@ -491,16 +495,6 @@ enum Saved {
     Key(Option<KeyState>),
     Log(Option<LogState>),
     Window(Option<Box<WindowState>>),
-}
-
-impl Saved {
-    fn kind(&self) -> StateKind {
-        match self {
-            Saved::Key(_) => StateKind::Key,
-            Saved::Log(_) => StateKind::Log,
-            Saved::Window(_) => StateKind::Window,
-        }
-    }
 }
 
 impl Undo {

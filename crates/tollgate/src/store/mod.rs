@@ -108,22 +108,20 @@ pub fn rejects(checks: &[Check<'_>], allowed: impl Fn(usize) -> bool) -> bool {
 
 /// [`rejects`] for checks given as (shadow mode, quota group, admitted).
 pub fn rejects_by(checks: impl IntoIterator<Item = (bool, Option<u32>, bool)>) -> bool {
-    // (group, over) per quota group; a request has few descriptors, and none of this
-    // allocates unless it has quota-mode checks. A check in shadow mode counts as
-    // admitted (its status says OK), so a quota group with one is not over by it.
-    let mut groups: Vec<(u32, bool)> = Vec::new();
+    // Whether it is over, per quota group: a map, so that the work stays linear in the
+    // checks however many groups there are; none of this allocates unless the request
+    // has quota-mode checks. A check in shadow mode counts as admitted (its status says
+    // OK), so a quota group with one is not over by it.
+    let mut groups: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
     for (shadow, quota, allowed) in checks {
         let over = !allowed && !shadow;
         match quota {
-            Some(group) => match groups.iter_mut().find(|(g, _)| *g == group) {
-                Some((_, o)) => *o |= over,
-                None => groups.push((group, over)),
-            },
+            Some(group) => *groups.entry(group).or_insert(false) |= over,
             None if over => return true,
             None => {}
         }
     }
-    !groups.is_empty() && groups.iter().all(|&(_, over)| over)
+    !groups.is_empty() && groups.values().all(|&over| over)
 }
 
 impl<'a> Check<'a> {

@@ -132,6 +132,7 @@ pub(crate) use client::single as single_connection;
 pub use client::{is_single_url, RedisTls};
 pub use warm::{Loaded, ScriptSet};
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -780,14 +781,18 @@ impl RedisStore {
         if !self.is_cluster() {
             return vec![(0..names.len()).collect()];
         }
-        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+        // Groups in order of first appearance, found through a map: linear in the checks
+        // however many hash tags they have.
+        let mut at: HashMap<&str, usize> = HashMap::new();
+        let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, n) in names.iter().enumerate() {
-            match groups.iter_mut().find(|g| g.0 == n.tag) {
-                Some(g) => g.1.push(i),
-                None => groups.push((&n.tag, vec![i])),
-            }
+            let g = *at.entry(n.tag.as_str()).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[g].push(i);
         }
-        groups.into_iter().map(|g| g.1).collect()
+        groups
     }
 
     /// Sends one request: through the batcher (single Redis) or in a call of its own
