@@ -19,13 +19,14 @@ use tracing::{error, info, warn};
 use super::forward::{ForwardSettings, Upstream};
 use crate::api::admin_router;
 use crate::app::{
-    core, init_logging, runtime, shutdown_signal, stopped, sweep, Core, InvalidRules,
+    api_limits, core, init_logging, runtime, shutdown_signal, sweep, timeouts, Core, InvalidRules,
 };
 use crate::cli::ProxyArgs;
+use crate::conn::BodyLimits;
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
-use crate::workers;
+use crate::workers::{self, HttpLimits};
 
 /// Runs the gateway until SIGTERM or SIGINT, then drains.
 pub fn run(args: ProxyArgs) -> ExitCode {
@@ -163,22 +164,32 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         },
         None => None,
     };
+    // Each client connection may hold an upstream connection too: two descriptors.
+    let fds_per_connection = 2 + u64::from(admin.is_some());
+    let max_connections = workers::max_connections(args.common.max_connections, fds_per_connection);
+    let timeouts = timeouts(&args.common);
+    // Bodies stream to the upstream: no size limit or budget, only the idle timeout
+    // on a body that stalls.
+    let limits = HttpLimits {
+        timeouts,
+        bodies: BodyLimits::default(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-proxy", receivers, {
         let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
-        let tls = tls.clone();
+        let (tls, limits) = (tls.clone(), limits.clone());
         move |connections| {
             let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
-            let tls = tls.clone();
+            let (tls, limits) = (tls.clone(), limits.clone());
             let (redis, warmed) = (redis.clone(), warmed_tx.clone());
             async move {
                 // This worker's own Redis connection, made before it is handed requests.
                 let _ = warmed.send(warm::worker(redis, warm_up_timeout).await);
                 // Each worker has its own upstream connection pool.
                 let upstream = Upstream::new(&upstream, settings)?;
-                workers::serve_http(connections, layer.layer(upstream), tls, stop).await;
+                workers::serve_http(connections, layer.layer(upstream), tls, stop, limits).await;
                 Ok(())
             }
         }
@@ -187,21 +198,35 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
+    // The admin endpoints: on this runtime, through the same acceptor and limits.
     let admin = admin.map(|listener| {
-        let (router, stop) = (admin_router(Arc::clone(&service)), stopped(stop_rx.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                error!("the admin listener failed: {e}");
+        let (senders, mut receivers) = workers::channels(1);
+        let connections = receivers.pop();
+        let router = admin_router(Arc::clone(&service));
+        let stop = stop_rx.clone();
+        let served = tokio::spawn(async move {
+            if let Some(connections) = connections {
+                workers::serve_http(connections, router, None, stop, api_limits(timeouts)).await;
             }
-        })
+        });
+        let acceptor = tokio::spawn(workers::distribute(
+            listener,
+            senders,
+            stop_rx.clone(),
+            gate("admin"),
+        ));
+        [acceptor, served]
     });
     if let Some(warmer) = &warmer {
         warmer.start(warm::reported(warmed_rx, count)).await;
     }
-    let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
+    let acceptor = tokio::spawn(workers::distribute(
+        listener,
+        senders,
+        stop_rx,
+        gate("proxy"),
+    ));
     service.set_ready(true);
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
@@ -210,6 +235,6 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     sweeper.abort();
     let mut tasks = vec![acceptor];
-    tasks.extend(admin);
+    tasks.extend(admin.into_iter().flatten());
     workers::drain(args.common.drain_timeout, tasks, done).await
 }
