@@ -20,9 +20,11 @@ use crate::store::{AnyStore, StoreOptions};
 use tracing::{error, info, warn};
 
 use crate::cli::{CommonArgs, GrpcTransport, LogFormat, ServeArgs};
+use crate::conn::{BodyBudget, BodyLimits, Timeouts};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
+use crate::workers::HttpLimits;
 use crate::{api, grpc, workers};
 use tollgate::http::headers::HeaderSettings;
 
@@ -30,6 +32,12 @@ use tollgate::http::headers::HeaderSettings;
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How often a service started without rules looks whether they have loaded.
 const FOLLOW_RULES_EVERY: Duration = Duration::from_millis(100);
+/// Largest request body the HTTP API buffers (the native gRPC transport's largest
+/// message); a backstop under the API's own limits.
+pub(crate) const HTTP_MAX_BODY: usize = 4 << 20;
+/// Request-body bytes an HTTP API listener holds at once for all its unfinished
+/// requests (about 60,000 rate limit requests of 1 KB); past it, a body fails.
+pub(crate) const HTTP_BODY_BUDGET: usize = 64 << 20;
 
 /// Runs the service until SIGTERM or SIGINT, then drains.
 pub fn serve(args: ServeArgs) -> ExitCode {
@@ -288,6 +296,9 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
     let tls = grpc_tls.is_some();
+    let max_connections = workers::max_connections(args.common.max_connections, 2);
+    let timeouts = timeouts(&args.common);
+    let http_limits = api_limits(timeouts);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
         let (service, stop) = (Arc::clone(&service), stop_rx.clone());
@@ -297,6 +308,8 @@ async fn run(args: ServeArgs) -> ExitCode {
                 grpc_tls: grpc_tls.clone(),
                 http_tls: http_tls.clone(),
                 http_admin: http_admin.clone(),
+                timeouts,
+                http_limits: http_limits.clone(),
             };
             let (service, stop) = (Arc::clone(&service), stop.clone());
             let (redis, warmed) = (redis.clone(), warmed_tx.clone());
@@ -322,13 +335,20 @@ async fn run(args: ServeArgs) -> ExitCode {
         let router = api::admin_router(Arc::clone(&service), &admin_access);
         serve_admin(listener, router, stop_rx.clone())
     });
+    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
     let mut acceptors = vec![
         tokio::spawn(workers::distribute(
             grpc_listener,
             grpc_senders,
             stop_rx.clone(),
+            gate("grpc"),
         )),
-        tokio::spawn(workers::distribute(http_listener, http_senders, stop_rx)),
+        tokio::spawn(workers::distribute(
+            http_listener,
+            http_senders,
+            stop_rx,
+            gate("http"),
+        )),
     ];
     acceptors.extend(admin);
 
@@ -361,6 +381,30 @@ struct Listeners {
     /// Who may call the admin endpoints on the HTTP listener; `None` when
     /// `--admin-listen` serves them (the HTTP listener keeps the health checks).
     http_admin: Option<api::AdminAccess>,
+    /// The connection timeouts of both listeners.
+    timeouts: Timeouts,
+    /// What the HTTP listener holds its connections and request bodies to.
+    http_limits: HttpLimits,
+}
+
+/// The connection timeouts the flags set.
+pub(crate) fn timeouts(args: &CommonArgs) -> Timeouts {
+    Timeouts {
+        header_read: args.header_read_timeout,
+        idle: args.idle_timeout,
+    }
+}
+
+/// The limits of a listener whose handlers buffer request bodies (`serve`'s HTTP API,
+/// the admin endpoints): [`HTTP_MAX_BODY`] each, [`HTTP_BODY_BUDGET`] together.
+pub(crate) fn api_limits(timeouts: Timeouts) -> HttpLimits {
+    HttpLimits {
+        timeouts,
+        bodies: BodyLimits {
+            max: Some(HTTP_MAX_BODY),
+            budget: Some(Arc::new(BodyBudget::new(HTTP_BODY_BUDGET))),
+        },
+    }
 }
 
 /// One worker of `tollgate serve`: the gRPC server and the HTTP API on the connections
@@ -368,29 +412,42 @@ struct Listeners {
 async fn serve_worker(
     service: Arc<Service>,
     listeners: Listeners,
-    grpc: mpsc::UnboundedReceiver<workers::Accepted>,
-    http: mpsc::UnboundedReceiver<workers::Accepted>,
+    grpc: mpsc::UnboundedReceiver<workers::Connection>,
+    http: mpsc::UnboundedReceiver<workers::Connection>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let router = api::router(Arc::clone(&service), listeners.http_admin.as_ref());
-    let http = workers::serve_http(http, router, listeners.http_tls, stop.clone());
+    let http = workers::serve_http(
+        http,
+        router,
+        listeners.http_tls,
+        stop.clone(),
+        listeners.http_limits,
+    );
     match listeners.transport {
         GrpcTransport::Native => {
-            tokio::join!(grpc::native::serve(grpc, service, stop), http);
+            tokio::join!(serve_native(grpc, service, stop), http);
             Ok(())
         }
         GrpcTransport::Tonic => {
-            let mut server = tonic::transport::Server::builder();
+            let mut server = tonic_server(&listeners.timeouts);
             if let Some(tls) = listeners.grpc_tls {
                 // Checked at start-up (grpc::tls::server_config).
                 server = server
                     .tls_config(tls)
                     .map_err(|e| format!("gRPC TLS: {e}"))?;
             }
+            let native = tollgate_h2::ServerSettings::default();
             let grpc = server
-                .add_service(grpc::rls::server(Arc::clone(&service)))
+                .add_service(
+                    grpc::rls::server(Arc::clone(&service))
+                        .max_decoding_message_size(native.max_message),
+                )
                 .add_service(grpc::health::server(service))
-                .serve_with_incoming_shutdown(workers::incoming(grpc), stopped(stop));
+                .serve_with_incoming_shutdown(
+                    workers::incoming(grpc, listeners.timeouts),
+                    stopped(stop),
+                );
             let (grpc, ()) = tokio::join!(grpc, http);
             grpc.map_err(|e| format!("gRPC: {e}"))
         }
@@ -427,6 +484,76 @@ pub(crate) fn serve_admin(
             error!("the admin listener failed: {e}");
         }
     })
+}
+
+/// tonic's server with the native transport's limits (`tollgate_h2::ServerSettings`:
+/// streams per connection, header list, connection window; the protocol's default
+/// stream window and frame size, which the native transport keeps), keepalive PINGs
+/// ([`workers::grpc_keepalive`]), and each call bounded by the idle timeout (a call
+/// whose message stalls is cancelled; `Watch` streams are not cut, their call is
+/// answered at once).
+fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
+    let native = tollgate_h2::ServerSettings::default();
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(native.max_concurrent_streams)
+        .http2_max_header_list_size(u32::try_from(native.max_header_block).unwrap_or(u32::MAX))
+        .initial_connection_window_size(native.connection_window)
+        .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .max_frame_size(GRPC_MAX_FRAME_SIZE)
+        .http2_max_pending_accept_reset_streams(Some(GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_keepalive_interval(Some(workers::grpc_keepalive(timeouts.idle)))
+        .http2_keepalive_timeout(Some(workers::HTTP2_KEEPALIVE_TIMEOUT))
+        .timeout(timeouts.idle)
+        // The acceptor sets TCP_NODELAY on every connection (this applies to tonic's
+        // own listener only); said anyway.
+        .tcp_nodelay(true)
+}
+
+/// tonic's stream window: HTTP/2's default, as the native transport's (a rate limit
+/// request is well under 1 KB).
+const GRPC_STREAM_WINDOW: u32 = 65_535;
+/// tonic's largest frame: HTTP/2's default, as the native transport's.
+const GRPC_MAX_FRAME_SIZE: u32 = 16_384;
+/// Streams a gRPC client may open and reset before tonic accepts them (h2's default;
+/// the "rapid reset" attack).
+const GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// The native gRPC transport on a worker's connections: `grpc::native::serve` for
+/// each connection alone, so that the connection's slot under the listener's cap is
+/// held until it ends (`serve` returns once its one connection has closed). Returns
+/// when the acceptor has stopped and every connection has ended.
+async fn serve_native(
+    mut connections: mpsc::UnboundedReceiver<workers::Connection>,
+    service: Arc<Service>,
+    stop: watch::Receiver<bool>,
+) {
+    // Each connection's task holds a sender; `recv` answers `None` once all have ended.
+    let (running, mut all_ended) = mpsc::channel::<()>(1);
+    let stopping = stopped(stop.clone());
+    tokio::pin!(stopping);
+    loop {
+        let connection = tokio::select! {
+            next = connections.recv() => match next {
+                Some(c) => c,
+                None => break,
+            },
+            () = &mut stopping => break,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send((connection.stream, connection.peer));
+        drop(tx);
+        let (service, stop, held) = (
+            Arc::clone(&service),
+            stop.clone(),
+            (connection.slot, running.clone()),
+        );
+        tokio::spawn(async move {
+            grpc::native::serve(rx, service, stop).await;
+            drop(held);
+        });
+    }
+    drop((connections, running));
+    let _ = all_ended.recv().await;
 }
 
 /// Resolves when `stop` turns true.

@@ -355,6 +355,23 @@ pub struct CommonArgs {
     /// connections are per worker). Default: one per CPU.
     #[arg(long, env = "TOLLGATE_WORKERS")]
     pub workers: Option<usize>,
+    /// Connections each listener holds open at once; at the cap it stops accepting
+    /// (new clients wait in the kernel's listen backlog) until one closes. Default:
+    /// 10,000, or less when the open-file limit (`ulimit -n`) cannot hold that many: the
+    /// listeners then share the limit less 256 descriptors kept for Redis, the
+    /// upstream and the process.
+    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
+    /// How long a connection may sit with no request before it is closed (HTTP/2 with a
+    /// GOAWAY); also the longest pause in a request body and in a response being sent.
+    /// gRPC connections that answer keepalive PINGs are never idle.
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_timeout)]
+    pub idle_timeout: Duration,
+    /// Time a client has to send a request's headers (HTTP/1: each request's; every
+    /// connection: its first request, or the HTTP/2 preface) before its connection is
+    /// closed.
+    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    pub header_read_timeout: Duration,
     /// Share of a limit used from which hits count as `near_limit` in metrics.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
@@ -509,6 +526,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" | "" => Ok(Duration::from_secs(n)),
         "m" => Ok(Duration::from_secs(n * 60)),
         _ => Err(format!("`{s}` is not a duration like 10s or 500ms")),
+    }
+}
+
+/// A connection timeout: a duration above zero.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("`{s}`: the timeout must be above zero")),
+        d => Ok(d),
     }
 }
 

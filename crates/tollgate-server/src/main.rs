@@ -4,6 +4,7 @@ mod api;
 mod app;
 mod cli;
 mod conformance;
+mod conn;
 mod grpc;
 mod metrics;
 mod proxy;

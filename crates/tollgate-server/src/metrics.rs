@@ -15,7 +15,10 @@
 //! | `tollgate_over_limit_with_local_cache_total` | domain, descriptor | hits rejected by the blocked-key cache, without a Redis call |
 //! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
 //! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
-//! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open | Label sets are capped so that no traffic can grow them without
+//! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open |
+//! | `tollgate_connections` | listener | connections open |
+//! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
+//! | `tollgate_accept_errors_total` | listener | `accept` calls that failed for want of resources (file descriptors) | Label sets are capped so that no traffic can grow them without
 //! bound: past [`MAX_RULE_SERIES`] distinct (domain, path) pairs (only possible with
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
@@ -60,6 +63,22 @@ struct KindLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+/// One listener's connection metrics (unregistered ones by default, for tests).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ListenerMetrics {
+    /// Connections open.
+    pub open: Gauge,
+    /// Times the listener stopped accepting at its connection cap.
+    pub capped: Counter,
+    /// `accept` calls that failed for want of resources.
+    pub accept_errors: Counter,
+}
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -80,6 +99,9 @@ pub struct Metrics {
     redis_calls: Counter,
     circuit_opened: Counter,
     circuit_open: Gauge,
+    connections: Family<ListenerLabels, Gauge>,
+    connections_capped: Family<ListenerLabels, Counter>,
+    accept_errors: Family<ListenerLabels, Counter>,
     /// Each rule's counters, resolved once: a decision then costs one map lookup
     /// instead of three label-set lookups and two allocations.
     rules: RwLock<HashMap<RuleKey, Arc<RuleCounters>, ahash::RandomState>>,
@@ -168,6 +190,24 @@ impl Metrics {
         let redis_calls = Counter::default();
         let circuit_opened = Counter::default();
         let circuit_open = Gauge::default();
+        let connections = Family::<ListenerLabels, Gauge>::default();
+        let connections_capped = Family::<ListenerLabels, Counter>::default();
+        let accept_errors = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "connections",
+            "Connections open, per listener",
+            connections.clone(),
+        );
+        registry.register(
+            "connections_capped",
+            "Times the listener reached --max-connections and stopped accepting until a connection closed",
+            connections_capped.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Accepts that failed for want of resources (file descriptors), per listener",
+            accept_errors.clone(),
+        );
         registry.register(
             "over_limit_with_local_cache",
             "Hits rejected by the blocked-key cache without a store call",
@@ -264,6 +304,9 @@ impl Metrics {
             redis_calls,
             circuit_opened,
             circuit_open,
+            connections,
+            connections_capped,
+            accept_errors,
             rules: RwLock::new(HashMap::default()),
             near_limit_ratio,
         }
@@ -307,6 +350,16 @@ impl Metrics {
                     rule.inc(self, Slot::NearLimit, hits);
                 }
             }
+        }
+    }
+
+    /// The connection metrics of the listener `name`, its series created now (at 0).
+    pub(crate) fn listener(&self, name: &'static str) -> ListenerMetrics {
+        let labels = ListenerLabels { listener: name };
+        ListenerMetrics {
+            open: self.connections.get_or_create(&labels).clone(),
+            capped: self.connections_capped.get_or_create(&labels).clone(),
+            accept_errors: self.accept_errors.get_or_create(&labels).clone(),
         }
     }
 

@@ -25,7 +25,10 @@ pub fn server_config(args: &GrpcTlsArgs) -> Result<Option<ServerTlsConfig>, Stri
         .map(|ca| ("--grpc-tls-client-ca", ca));
     tls::acceptor(cert, key, ca)?;
     let identity = Identity::from_pem(tls::read(cert)?, tls::read(key)?);
-    let mut config = ServerTlsConfig::new().identity(identity);
+    // As on the HTTP listeners: a client that does not finish its handshake is closed.
+    let mut config = ServerTlsConfig::new()
+        .identity(identity)
+        .timeout(crate::workers::TLS_HANDSHAKE_TIMEOUT);
     if let Some(ca) = ca {
         config = config.client_ca_root(Certificate::from_pem(tls::read(ca)?));
     }

@@ -19,14 +19,15 @@ use tracing::{error, info, warn};
 use super::forward::{ForwardSettings, Upstream};
 use crate::api::{admin_router, AdminAccess};
 use crate::app::{
-    bind_admin, core, init_logging, runtime, serve_admin, shutdown_signal, sweep, Core,
+    api_limits, bind_admin, core, init_logging, runtime, shutdown_signal, sweep, timeouts, Core,
     InvalidRules,
 };
 use crate::cli::ProxyArgs;
+use crate::conn::BodyLimits;
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
-use crate::workers;
+use crate::workers::{self, HttpLimits};
 
 /// Runs the gateway until SIGTERM or SIGINT, then drains.
 pub fn run(args: ProxyArgs) -> ExitCode {
@@ -165,22 +166,32 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         Ok(listener) => listener,
         Err(code) => return code,
     };
+    // Each client connection may hold an upstream connection too: two descriptors.
+    let fds_per_connection = 2 + u64::from(admin.is_some());
+    let max_connections = workers::max_connections(args.common.max_connections, fds_per_connection);
+    let timeouts = timeouts(&args.common);
+    // Bodies stream to the upstream: no size limit or budget, only the idle timeout
+    // on a body that stalls.
+    let limits = HttpLimits {
+        timeouts,
+        bodies: BodyLimits::default(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (senders, receivers) = workers::channels(count);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-proxy", receivers, {
         let (layer, upstream, stop) = (layer.clone(), args.upstream.clone(), stop_rx.clone());
-        let tls = tls.clone();
+        let (tls, limits) = (tls.clone(), limits.clone());
         move |connections| {
             let (layer, upstream, stop) = (layer.clone(), upstream.clone(), stop.clone());
-            let tls = tls.clone();
+            let (tls, limits) = (tls.clone(), limits.clone());
             let (redis, warmed) = (redis.clone(), warmed_tx.clone());
             async move {
                 // This worker's own Redis connection, made before it is handed requests.
                 let _ = warmed.send(warm::worker(redis, warm_up_timeout).await);
                 // Each worker has its own upstream connection pool.
                 let upstream = Upstream::new(&upstream, settings)?;
-                workers::serve_http(connections, layer.layer(upstream), tls, stop).await;
+                workers::serve_http(connections, layer.layer(upstream), tls, stop, limits).await;
                 Ok(())
             }
         }
@@ -196,14 +207,35 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
         None => {}
     }
+    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
+    // The admin endpoints: on this runtime, through the same acceptor and limits.
     let admin = admin.map(|listener| {
+        let (senders, mut receivers) = workers::channels(1);
+        let connections = receivers.pop();
         let router = admin_router(Arc::clone(&service), &admin_access);
-        serve_admin(listener, router, stop_rx.clone())
+        let stop = stop_rx.clone();
+        let served = tokio::spawn(async move {
+            if let Some(connections) = connections {
+                workers::serve_http(connections, router, None, stop, api_limits(timeouts)).await;
+            }
+        });
+        let acceptor = tokio::spawn(workers::distribute(
+            listener,
+            senders,
+            stop_rx.clone(),
+            gate("admin"),
+        ));
+        [acceptor, served]
     });
     if let Some(warmer) = &warmer {
         warmer.start(warm::reported(warmed_rx, count)).await;
     }
-    let acceptor = tokio::spawn(workers::distribute(listener, senders, stop_rx));
+    let acceptor = tokio::spawn(workers::distribute(
+        listener,
+        senders,
+        stop_rx,
+        gate("proxy"),
+    ));
     service.set_ready(true);
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = ?admin_addr, upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
@@ -212,6 +244,6 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     sweeper.abort();
     let mut tasks = vec![acceptor];
-    tasks.extend(admin);
+    tasks.extend(admin.into_iter().flatten());
     workers::drain(args.common.drain_timeout, tasks, done).await
 }

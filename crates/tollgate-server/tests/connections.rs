@@ -1,0 +1,573 @@
+//! What a hostile (or broken) client can hold, against the real binary over real
+//! sockets: slowloris headers and idle keep-alive connections are closed
+//! (`--header-read-timeout`, `--idle-timeout`), a listener stops accepting at
+//! `--max-connections` and serves the next client once one leaves, the tonic
+//! transport refuses streams past the native transport's `MAX_CONCURRENT_STREAMS`
+//! while keeping a quiet client that answers its PINGs, the gateway cuts an upload
+//! that stalls, and an acceptor out of file descriptors neither spins nor floods the
+//! log.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::{tempdir, Proxy, Server};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const RULES: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+fn rules(name: &str) -> PathBuf {
+    let dir = tempdir(name);
+    std::fs::write(dir.join("api.yaml"), RULES).unwrap();
+    dir
+}
+
+/// Whether the server sends an HTTP/2 frame (its SETTINGS, on a connection it serves)
+/// on `c` within `within`.
+async fn served(c: &mut TcpStream, within: Duration) -> bool {
+    read_frame(c, Instant::now() + within).await.is_some()
+}
+
+/// `host:port` of the server's HTTP listener.
+fn http_addr(s: &Server) -> &str {
+    s.http.trim_start_matches("http://")
+}
+
+/// Whether the server closes `stream` (EOF or reset) within `within`; what it sends
+/// meanwhile is read and dropped.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A keep-alive `GET path` on `stream`; the response's status code (the response is
+/// read whole: the bodies here are short and sent with it).
+async fn get(stream: &mut TcpStream, path: &str) -> u16 {
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    head.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn slowloris_headers_are_closed_after_the_header_read_timeout() {
+    let s = Server::start(
+        &rules("slowloris"),
+        &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
+    )
+    .await;
+    // A partial header line, then nothing.
+    let mut stalled = TcpStream::connect(http_addr(&s)).await.unwrap();
+    stalled
+        .write_all(b"POST /v1/check HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .unwrap();
+    // A header dripped a byte every 200 ms: each byte is progress, but the headers
+    // never end.
+    let mut dripping = TcpStream::connect(http_addr(&s)).await.unwrap();
+    dripping
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut drip_closed = false;
+    while started.elapsed() < Duration::from_secs(6) {
+        if dripping.write_all(b"x").await.is_err()
+            || closed_within(&mut dripping, Duration::from_millis(200)).await
+        {
+            drip_closed = true;
+            break;
+        }
+    }
+    assert!(drip_closed, "a dripping header was held for 6 s");
+    assert!(
+        closed_within(&mut stalled, Duration::from_secs(5)).await,
+        "a stalled header was held"
+    );
+    // A second request's headers get the same bound on a kept-alive connection.
+    let mut kept = TcpStream::connect(http_addr(&s)).await.unwrap();
+    assert_eq!(get(&mut kept, "/healthz").await, 200);
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nho")
+        .await
+        .unwrap();
+    assert!(closed_within(&mut kept, Duration::from_secs(5)).await);
+    // And a client that sends nothing at all.
+    let mut silent = TcpStream::connect(http_addr(&s)).await.unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+    // The service is fine.
+    let mut fresh = TcpStream::connect(http_addr(&s)).await.unwrap();
+    assert_eq!(get(&mut fresh, "/healthz").await, 200);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let s = Server::start(
+        &rules("idle"),
+        &["--idle-timeout", "1s", "--header-read-timeout", "30s"],
+    )
+    .await;
+    // Requests every 300 ms for 3 s: kept open (the timeout is for idleness).
+    let mut busy = TcpStream::connect(http_addr(&s)).await.unwrap();
+    for _ in 0..10 {
+        assert_eq!(get(&mut busy, "/healthz").await, 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Then idle: closed.
+    assert!(closed_within(&mut busy, Duration::from_secs(5)).await);
+    // HTTP/2 with prior knowledge: one request, then idle (answering whatever the
+    // server asks): closed with a GOAWAY.
+    let mut h2 = TcpStream::connect(http_addr(&s)).await.unwrap();
+    h2.write_all(PREFACE).await.unwrap();
+    h2.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    let get = header_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/healthz"),
+        (":authority", "x"),
+    ]);
+    h2.write_all(&frame(HEADERS, END_HEADERS | END_STREAM, 1, &get))
+        .await
+        .unwrap();
+    let (mut answered, mut goaway) = (false, false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some((kind, flags, stream, payload)) = read_frame(&mut h2, deadline).await {
+        match kind {
+            SETTINGS if flags & ACK == 0 => {
+                h2.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+            }
+            PING if flags & ACK == 0 => {
+                h2.write_all(&frame(PING, ACK, 0, &payload)).await.unwrap();
+            }
+            HEADERS if stream == 1 => answered = true,
+            GOAWAY => goaway = true,
+            _ => {}
+        }
+    }
+    assert!(answered, "the request was not answered");
+    assert!(goaway, "no GOAWAY before the close");
+    assert!(
+        Instant::now() < deadline,
+        "an idle HTTP/2 connection was held"
+    );
+}
+
+#[tokio::test]
+async fn at_max_connections_the_next_client_waits_until_one_leaves() {
+    let s = Server::start(&rules("cap-http"), &["--max-connections", "4"]).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(http_addr(&s)).await.unwrap();
+        assert_eq!(get(&mut c, "/healthz").await, 200);
+        held.push(c);
+    }
+    // The fifth connects (the kernel's backlog) but is not served.
+    let mut fifth = TcpStream::connect(http_addr(&s)).await.unwrap();
+    fifth
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let early = tokio::time::timeout(Duration::from_secs(1), fifth.read(&mut buf)).await;
+    assert!(early.is_err(), "a fifth connection was served: {early:?}");
+    // The clients already connected still are.
+    for c in &mut held {
+        assert_eq!(get(c, "/healthz").await, 200);
+    }
+    // One leaves: the fifth is served.
+    drop(held.pop());
+    let n = tokio::time::timeout(Duration::from_secs(5), fifth.read(&mut buf))
+        .await
+        .expect("served once a connection closed")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn the_grpc_listener_is_capped_on_both_transports_and_counted() {
+    for transport in ["native", "tonic"] {
+        let s = Server::start(
+            &rules(&format!("cap-grpc-{transport}")),
+            &["--max-connections", "4", "--grpc-transport", transport],
+        )
+        .await;
+        // The server's SETTINGS come first on an HTTP/2 connection it serves.
+        let open = || async {
+            let mut c = TcpStream::connect(&s.grpc).await.unwrap();
+            c.write_all(PREFACE).await.unwrap();
+            c.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+            c
+        };
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut c = open().await;
+            assert!(served(&mut c, Duration::from_secs(5)).await, "{transport}");
+            held.push(c);
+        }
+        let mut fifth = open().await;
+        assert!(
+            !served(&mut fifth, Duration::from_secs(1)).await,
+            "{transport}: a fifth connection was served"
+        );
+        assert_eq!(
+            s.metric("tollgate_connections{listener=\"grpc\"}").await,
+            Some(4),
+            "{transport}"
+        );
+        assert!(
+            s.metric("tollgate_connections_capped_total{listener=\"grpc\"}")
+                .await
+                .is_some_and(|n| n >= 1),
+            "{transport}"
+        );
+        drop(held.pop());
+        assert!(
+            served(&mut fifth, Duration::from_secs(5)).await,
+            "{transport}: the fifth was not served once a connection closed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn tonic_refuses_streams_past_the_native_transports_limit() {
+    // `tollgate_h2::ServerSettings::default().max_concurrent_streams`.
+    const MAX_STREAMS: u32 = 1024;
+    let s = Server::start(&rules("tonic-streams"), &["--grpc-transport", "tonic"]).await;
+    let mut c = TcpStream::connect(&s.grpc).await.unwrap();
+    c.write_all(PREFACE).await.unwrap();
+    c.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    // Acknowledge the server's SETTINGS (its stream limit applies from then on), and
+    // wait until it has seen that: a PING's answer comes after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut advertised = None;
+    loop {
+        let (kind, flags, _, payload) = read_frame(&mut c, deadline).await.expect("SETTINGS");
+        if kind == SETTINGS && flags & ACK == 0 {
+            advertised = settings_value(&payload, 0x3);
+            c.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+            c.write_all(&frame(PING, 0, 0, b"12345678")).await.unwrap();
+        }
+        if kind == PING && flags & ACK != 0 {
+            break;
+        }
+    }
+    // 1,100 calls whose message never comes: each stream stays open.
+    let opened = MAX_STREAMS + 76;
+    let block = request_headers();
+    let mut out = Vec::new();
+    for i in 0..opened {
+        out.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &block));
+    }
+    c.write_all(&out).await.unwrap();
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some((kind, _, stream, payload)) = read_frame(&mut c, deadline).await {
+        if kind == RST_STREAM && payload == [0, 0, 0, 7] {
+            refused += 1;
+            assert!(stream > 2 * MAX_STREAMS, "stream {stream} refused");
+        }
+        if refused == opened - MAX_STREAMS {
+            break;
+        }
+    }
+    assert_eq!(refused, opened - MAX_STREAMS, "REFUSED_STREAM resets");
+    assert_eq!(
+        advertised,
+        Some(MAX_STREAMS),
+        "SETTINGS_MAX_CONCURRENT_STREAMS"
+    );
+}
+
+#[tokio::test]
+async fn a_quiet_grpc_client_that_answers_pings_is_kept_and_a_silent_one_is_not() {
+    let s = Server::start(
+        &rules("grpc-idle"),
+        &["--grpc-transport", "tonic", "--idle-timeout", "1s"],
+    )
+    .await;
+    // Makes no call for 3 s, answering the server's PINGs: still open.
+    let mut quiet = TcpStream::connect(&s.grpc).await.unwrap();
+    quiet.write_all(PREFACE).await.unwrap();
+    quiet.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut pings = 0;
+    while let Some((kind, flags, _, payload)) = read_frame(&mut quiet, deadline).await {
+        match kind {
+            SETTINGS if flags & ACK == 0 => {
+                quiet
+                    .write_all(&frame(SETTINGS, ACK, 0, &[]))
+                    .await
+                    .unwrap();
+            }
+            PING if flags & ACK == 0 => {
+                pings += 1;
+                quiet
+                    .write_all(&frame(PING, ACK, 0, &payload))
+                    .await
+                    .unwrap();
+            }
+            GOAWAY => panic!("a client answering PINGs was sent away"),
+            _ => {}
+        }
+    }
+    assert!(Instant::now() >= deadline, "closed while answering PINGs");
+    assert!(pings >= 2, "{pings} PINGs in 3 s");
+    // Sends its preface, then never answers: closed.
+    let mut silent = TcpStream::connect(&s.grpc).await.unwrap();
+    silent.write_all(PREFACE).await.unwrap();
+    silent.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn the_gateway_cuts_an_upload_that_stalls() {
+    // An upstream that reads what it is sent and never answers.
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = upstream.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while matches!(c.read(&mut buf).await, Ok(1..)) {}
+            });
+        }
+    });
+    let dir = tempdir("proxy-stall");
+    std::fs::write(dir.join("edge.yaml"), "domain: edge\ndescriptors: []\n").unwrap();
+    let proxy = Proxy::start(
+        &dir,
+        &format!("http://{upstream_addr}"),
+        &["--idle-timeout", "1s", "--upstream-timeout", "60s"],
+    )
+    .await;
+    let mut c = TcpStream::connect(&proxy.addr).await.unwrap();
+    c.write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    c.write_all(&[b'x'; 1000]).await.unwrap();
+    // Then nothing: the gateway gives up on the body (502) and the connection.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    while let Ok(Ok(n @ 1..)) = tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "a stalled upload was held: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 502"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn out_of_file_descriptors_the_acceptor_backs_off_and_logs_a_count() {
+    let dir = rules("emfile");
+    let log = dir.join("log");
+    // A low open-file limit, and a cap above it (asked for: not lowered to fit).
+    let s = start_with_ulimit(
+        64,
+        &dir,
+        &["--max-connections", "1000", "--workers", "1"],
+        &log,
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        if let Ok(c) = TcpStream::connect(http_addr(&s)).await {
+            held.push(c);
+        }
+    }
+    // Out of descriptors for 3 s: one "accept failed" line with a count, and the
+    // acceptor pauses between tries instead of spinning.
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", s.child.id())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = cpu();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ticks = cpu() - before;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .collect();
+    assert!(!lines.is_empty(), "{text}");
+    assert!(lines.len() <= 2, "{}", lines.join("\n"));
+    assert!(lines[0].contains("failures"), "{}", lines[0]);
+    // 300 ticks of CPU would be a core spinning for the 3 s.
+    assert!(ticks < 60, "{ticks} ticks of CPU in 3 s out of descriptors");
+    // Descriptors back: new clients are served.
+    held.clear();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut c = TcpStream::connect(http_addr(&s)).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        if let Ok(Ok(n @ 1..)) =
+            tokio::time::timeout(Duration::from_millis(500), c.read(&mut buf)).await
+        {
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not serving once descriptors came back"
+        );
+    }
+}
+
+/// `tollgate serve` on `rules` under `ulimit -n files`, its log in `log`, once it
+/// answers `/readyz`.
+#[cfg(target_os = "linux")]
+async fn start_with_ulimit(
+    files: u32,
+    rules: &std::path::Path,
+    args: &[&str],
+    log: &std::path::Path,
+) -> Server {
+    let grpc = format!("127.0.0.1:{}", support::free_port());
+    let http = format!("127.0.0.1:{}", support::free_port());
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", rules.to_str().unwrap()])
+        .args(["--grpc-listen", &grpc, "--http-listen", &http])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let server = Server {
+        child,
+        http: format!("http://{http}"),
+        grpc,
+        rules: rules.to_path_buf(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(mut c) = TcpStream::connect(&http).await {
+            if get(&mut c, "/readyz").await == 200 {
+                return server;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready: {}",
+            std::fs::read_to_string(log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// HTTP/2 frames, by hand: what a client that does not play by the rules sends.
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// The next frame (kind, flags, stream, payload), or `None` at EOF, on an error or at
+/// `deadline`.
+async fn read_frame(c: &mut TcpStream, deadline: Instant) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let deadline = tokio::time::Instant::from_std(deadline);
+    let mut head = [0u8; 9];
+    tokio::time::timeout_at(deadline, c.read_exact(&mut head))
+        .await
+        .ok()?
+        .ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    tokio::time::timeout_at(deadline, c.read_exact(&mut payload))
+        .await
+        .ok()?
+        .ok()?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], stream, payload))
+}
+
+/// The value of SETTINGS parameter `id` in a SETTINGS payload.
+fn settings_value(payload: &[u8], id: u16) -> Option<u32> {
+    payload.chunks_exact(6).find_map(|p| {
+        (u16::from_be_bytes([p[0], p[1]]) == id)
+            .then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+    })
+}
+
+/// A `ShouldRateLimit` call's header block.
+fn request_headers() -> Vec<u8> {
+    header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (
+            ":path",
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        (":authority", "tollgate"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+}
+
+/// A header block of HPACK literals: no indexing, no Huffman.
+fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0);
+        block.push(u8::try_from(name.len()).unwrap());
+        block.extend(name.as_bytes());
+        block.push(u8::try_from(value.len()).unwrap());
+        block.extend(value.as_bytes());
+    }
+    block
+}
