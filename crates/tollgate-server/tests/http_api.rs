@@ -212,7 +212,12 @@ async fn requests_over_the_caps_get_400_naming_the_cap() {
             .starts_with("the request body may be at most 1048576 bytes"),
         "{err}"
     );
-    let m = c.get(format!("{}/metrics", s.http)).send().await.unwrap();
+    // A new connection: the server closes the one whose body it left unread.
+    let m = Client::new()
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap();
     let text = m.text().await.unwrap();
     let refused = text
         .lines()
