@@ -162,6 +162,12 @@ pub fn put_ping_ack(out: &mut Vec<u8>, opaque: &[u8]) {
     out.extend_from_slice(opaque);
 }
 
+/// Appends a PING carrying `opaque` (its acknowledgement echoes it).
+pub fn put_ping(out: &mut Vec<u8>, opaque: &[u8; 8]) {
+    put_header(out, 8, kind::PING, 0, 0);
+    out.extend_from_slice(opaque);
+}
+
 /// Appends a WINDOW_UPDATE.
 pub fn put_window_update(out: &mut Vec<u8>, stream: u32, increment: u32) {
     put_header(out, 4, kind::WINDOW_UPDATE, 0, stream);

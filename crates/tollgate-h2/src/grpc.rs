@@ -50,10 +50,12 @@ impl Status {
 pub fn parse_timeout(value: &[u8]) -> Result<std::time::Duration, String> {
     use std::time::Duration;
     let malformed = || {
-        format!(
-            "grpc-timeout {:?} is not 1 to 8 digits and a unit (H, M, S, m, u or n)",
-            String::from_utf8_lossy(value)
-        )
+        // The value is quoted up to a few bytes more than a valid one has: enough to
+        // see what is wrong, never a copy of a long value.
+        const SHOWN: usize = 16;
+        let shown = String::from_utf8_lossy(&value[..value.len().min(SHOWN)]);
+        let more = if value.len() > SHOWN { "..." } else { "" };
+        format!("grpc-timeout {shown:?}{more} is not 1 to 8 digits and a unit (H, M, S, m, u or n)")
     };
     let Some((&unit, digits)) = value.split_last() else {
         return Err(malformed());

@@ -12,9 +12,11 @@
 //! Scope: unary calls (one request message, one response message), no compression, no
 //! TLS, no server push, priorities ignored. Everything else a peer may send is either
 //! handled (flow control both ways, SETTINGS, PING, GOAWAY, RST_STREAM, CONTINUATION,
-//! padding) or answered with the RFC 9113 error for it. Memory per connection is bounded:
-//! concurrent streams, message size, header block size and buffered request bytes all
-//! have limits ([`ServerSettings`]).
+//! padding) or answered with the RFC 9113 error for it. Memory and CPU per connection
+//! are bounded: concurrent and unfinished streams, message size, header block and
+//! decoded header list sizes, buffered request bytes, the rate of cheap frames and of
+//! streams reset before their call ran all have limits, and so has how long an idle or
+//! silent connection is kept ([`ServerSettings`]; see [`server`]).
 
 pub mod client;
 pub mod frame;
@@ -23,7 +25,7 @@ pub mod hpack;
 pub mod server;
 
 pub use client::{ClientConn, Reply};
-pub use server::{Call, ServerConn, ServerSettings};
+pub use server::{Budget, Call, ServerConn, ServerSettings, SharedLimits};
 
 /// Writes what it can of `out` with a non-blocking `write` (a socket's `try_write`)
 /// and drops the written bytes from the front; a write that would block is not an

@@ -19,6 +19,23 @@ pub enum DecodeError {
     Huffman,
     /// A table size update above the allowed size, or after a field.
     BadSizeUpdate,
+    /// The decoded header list passed [`ABUSE_FACTOR`] times the limit given to
+    /// [`Decoder::decode_limited`]; decoding stopped there.
+    TooLarge,
+}
+
+/// How far past its limit a header list is still decoded (to keep the dynamic table in
+/// step, the fields skipped) before decoding stops and the connection must end: h2's
+/// `MAX_HEADER_LIST_ABUSE_MULTIPLIER`.
+pub const ABUSE_FACTOR: usize = 4;
+
+/// What [`Decoder::decode_limited`] made of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// Every field was handed out.
+    Complete,
+    /// The list is larger than the limit: the fields past it were skipped.
+    TooLarge,
 }
 
 /// The decoder of one connection's header blocks.
@@ -46,12 +63,40 @@ impl Decoder {
         }
     }
 
-    /// Decodes `block`, calling `field(name, value)` for each field in order.
+    /// Decodes `block`, calling `field(name, value)` for each field in order, with no
+    /// limit on the decoded size (for blocks from a trusted peer: responses, tests).
     pub fn decode(
         &mut self,
         block: &[u8],
-        mut field: impl FnMut(&[u8], &[u8]),
+        field: impl FnMut(&[u8], &[u8]),
     ) -> Result<(), DecodeError> {
+        self.decode_limited(block, usize::MAX / ABUSE_FACTOR, field)
+            .map(|_| ())
+    }
+
+    /// Decodes `block` as [`decode`](Self::decode) does, but counts the decoded size of
+    /// the header list as RFC 7541 §4.1 does (name + value + 32 per field) and calls
+    /// `field` only while the list stays within `max_list` bytes: a field is checked
+    /// before it is handed out, so a reference repeated many times costs no copy.
+    ///
+    /// `Ok(List::Complete)`: every field was handed out. `Ok(List::TooLarge)`: the list
+    /// is larger than `max_list`; the fields from the first one that did not fit on were
+    /// skipped, but the block was decoded to its end, so the dynamic table is still in
+    /// step with the peer's (a stream error is enough). `Err(DecodeError::TooLarge)`:
+    /// the list passed [`ABUSE_FACTOR`] times `max_list` and decoding stopped there;
+    /// the table is no longer in step (a connection error), as h2 does.
+    pub fn decode_limited(
+        &mut self,
+        block: &[u8],
+        max_list: usize,
+        mut field: impl FnMut(&[u8], &[u8]),
+    ) -> Result<List, DecodeError> {
+        let abuse = max_list.saturating_mul(ABUSE_FACTOR);
+        let mut list = 0usize;
+        // Whether `field` is still called. Past the limit, literals are still decoded
+        // (their cost is bounded by the block's length) to count their size exactly, as
+        // h2 does; references, whose decoded size is not, are only counted.
+        let mut deliver = true;
         let (mut name_buf, mut value_buf) = (Vec::new(), Vec::new());
         let mut pos = 0;
         let mut fields = 0usize;
@@ -61,7 +106,11 @@ impl Decoder {
                 let (index, n) = integer(rest, 7)?;
                 pos += n;
                 let (name, value) = self.get(index)?;
-                field(name, value);
+                account(&mut list, name.len() + value.len(), abuse)?;
+                deliver &= list <= max_list;
+                if deliver {
+                    field(name, value);
+                }
             } else if first & 0xe0 == 0x20 {
                 if fields > 0 {
                     return Err(DecodeError::BadSizeUpdate);
@@ -78,33 +127,44 @@ impl Decoder {
                 let indexing = first & 0x40 != 0;
                 let (index, n) = integer(rest, if indexing { 6 } else { 4 })?;
                 pos += n;
-                let (value, n) = if index == 0 {
+                if index == 0 {
                     let (name, n) = string(&block[pos..], &mut name_buf)?;
                     pos += n;
                     let (value, m) = string(&block[pos..], &mut value_buf)?;
                     pos += m;
-                    field(name, value);
-                    if indexing {
-                        self.insert(name.to_vec(), value.to_vec());
+                    account(&mut list, name.len() + value.len(), abuse)?;
+                    deliver &= list <= max_list;
+                    if deliver {
+                        field(name, value);
                     }
-                    (None, 0)
+                    if indexing {
+                        self.insert(name, value);
+                    }
                 } else {
                     let (value, m) = string(&block[pos..], &mut value_buf)?;
-                    (Some(value), m)
-                };
-                pos += n;
-                if let Some(value) = value {
+                    pos += m;
                     let (name, _) = self.get(index)?;
-                    field(name, value);
+                    account(&mut list, name.len() + value.len(), abuse)?;
+                    deliver &= list <= max_list;
+                    if deliver {
+                        field(name, value);
+                    }
                     if indexing {
-                        let name = name.to_vec();
-                        self.insert(name, value.to_vec());
+                        // The insert may evict the entry the name is read from: copied,
+                        // now that the field is known to be within the limits.
+                        name_buf.clear();
+                        name_buf.extend_from_slice(name);
+                        self.insert(&name_buf, value);
                     }
                 }
             }
             fields += 1;
         }
-        Ok(())
+        Ok(if deliver {
+            List::Complete
+        } else {
+            List::TooLarge
+        })
     }
 
     /// Entry `index` of the static table (1–61) or the dynamic table (62 on, newest
@@ -122,8 +182,9 @@ impl Decoder {
             .ok_or(DecodeError::BadIndex)
     }
 
-    fn insert(&mut self, name: Vec<u8>, value: Vec<u8>) {
-        let size = entry_size(&name, &value);
+    /// Adds an entry; copies it only once it is known to fit in the table.
+    fn insert(&mut self, name: &[u8], value: &[u8]) {
+        let size = entry_size(name, value);
         if size > self.max_size {
             // RFC 7541 §4.4: an entry larger than the table empties it.
             self.table.clear();
@@ -132,7 +193,7 @@ impl Decoder {
         }
         self.evict(size);
         self.size += size;
-        self.table.push_front((name, value));
+        self.table.push_front((name.to_vec(), value.to_vec()));
     }
 
     /// Drops the oldest entries until `room` more bytes fit.
@@ -166,6 +227,17 @@ fn integer(buf: &[u8], n: u32) -> Result<(usize, usize), DecodeError> {
         shift += 7;
     }
     Err(DecodeError::Truncated)
+}
+
+/// Adds a field's size (RFC 7541 §4.1: name and value lengths, here `len`, plus 32) to
+/// `list`; past `abuse`, decoding stops.
+#[inline(always)]
+fn account(list: &mut usize, len: usize, abuse: usize) -> Result<(), DecodeError> {
+    *list = list.saturating_add(len + 32);
+    if *list > abuse {
+        return Err(DecodeError::TooLarge);
+    }
+    Ok(())
 }
 
 /// A string literal (RFC 7541 §5.2): its bytes (from `buf`, or decoded into `scratch`)
@@ -269,6 +341,42 @@ mod tests {
         assert_eq!(
             fields(&mut d, &[0x04, 0x81, 0x00]),
             Err(DecodeError::Huffman)
+        );
+    }
+
+    #[test]
+    fn a_list_past_its_limit_is_skipped_then_stopped_and_the_table_kept_in_step() {
+        let mut d = Decoder::new(4096);
+        // `x: <1000 a>` indexed, then referenced 3 times: 4 fields of 1,033 bytes.
+        let mut block = vec![0x40];
+        super::super::put_str(&mut block, b"x");
+        super::super::put_str(&mut block, &[b'a'; 1000]);
+        block.extend_from_slice(&[0xbe, 0xbe, 0xbe]);
+        // And a literal with indexing past the limit: skipped, but in the table.
+        block.push(0x40);
+        super::super::put_str(&mut block, b"y");
+        super::super::put_str(&mut block, b"z");
+        let mut seen = 0;
+        assert_eq!(
+            d.decode_limited(&block, 2_100, |_, _| seen += 1),
+            Ok(List::TooLarge)
+        );
+        assert_eq!(seen, 2, "only the fields within the limit are handed out");
+        assert_eq!(
+            fields(&mut d, &[0xbe, 0xbf]).expect("in step"),
+            vec![("y".into(), "z".into()), ("x".into(), "a".repeat(1000))]
+        );
+        // Past four times the limit, decoding stops.
+        let many = vec![0xbf; 9];
+        let mut seen = 0;
+        assert_eq!(
+            d.decode_limited(&many, 2_100, |_, _| seen += 1),
+            Err(DecodeError::TooLarge)
+        );
+        assert_eq!(seen, 2);
+        assert_eq!(
+            d.decode_limited(&many[..2], 2_100, |_, _| {}),
+            Ok(List::Complete)
         );
     }
 

@@ -1,13 +1,15 @@
-//! HPACK (RFC 7541). Reading: [`Decoder`] (dynamic table, Huffman). Writing: the
-//! representations this crate sends, indexed fields and plain literals, never
-//! Huffman-coded; the server's need no encoder state, so the peer's
-//! `SETTINGS_HEADER_TABLE_SIZE` does not matter to them.
+//! HPACK (RFC 7541). Reading: [`Decoder`] (dynamic table, Huffman, a limit on the
+//! decoded header list). Writing: the representations this crate sends, indexed fields
+//! and plain literals, never Huffman-coded. The server's blocks use no dynamic entries,
+//! so they need no encoder state, except that a peer that lowers its
+//! `SETTINGS_HEADER_TABLE_SIZE` must get a dynamic table size update at the start of the
+//! next block (RFC 7541 §4.2): the server then sends one, to 0, once.
 
 mod decoder;
 pub mod huffman;
 mod tables;
 
-pub use decoder::{DecodeError, Decoder};
+pub use decoder::{DecodeError, Decoder, List, ABUSE_FACTOR};
 
 /// `:method: POST` (index 3).
 pub const METHOD_POST: u8 = 0x83;

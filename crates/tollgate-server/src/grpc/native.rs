@@ -9,9 +9,20 @@
 //! as replies come back) and writes all the answers in one system call. With 64 calls in flight on a few connections, one read and one write
 //! serve many calls, where tonic/hyper/h2 woke tasks and wrote per call (callgrind:
 //! 75,400 instructions per call under tonic, of which 9,000 were Tollgate's).
+//!
+//! The connection's limits are [`settings`]'s (tollgate-h2's [`ServerSettings`] with the
+//! defaults below), and all connections share [`MAX_UNFINISHED_STREAMS_TOTAL`] and
+//! [`MAX_BUFFERED_TOTAL`], so that many connections cannot together hold what each
+//! may alone: a connection with no call open for [`IDLE_TIMEOUT`] is closed
+//! gracefully, a silent one is pinged every [`KEEPALIVE_INTERVAL`] and closed when the
+//! PING is not answered within [`KEEPALIVE_TIMEOUT`], and one that has not sent the
+//! HTTP/2 preface within [`PREFACE_TIMEOUT`] is closed. The timers are one `Sleep` per
+//! connection, moved only when a deadline comes earlier (a later one is found when it
+//! fires), so the loop's fast path does not touch the timer wheel.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -19,8 +30,9 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Sleep;
 use tollgate_h2::grpc::{Code, Status};
-use tollgate_h2::{Call, ServerConn, ServerSettings};
+use tollgate_h2::{Budget, Call, ServerConn, ServerSettings, SharedLimits};
 use tracing::debug;
 
 use crate::app::stopped;
@@ -42,6 +54,72 @@ const HEALTH_CHECK: usize = 1;
 const READ_CHUNK: usize = 16 << 10;
 /// Reading from a client pauses while this much output waits to be written to it.
 const MAX_UNWRITTEN: usize = 1 << 20;
+/// How long the last write before a close may take.
+const LAST_WRITE: Duration = Duration::from_secs(5);
+/// An output buffer larger than this is given back once it is empty.
+const KEEP_OUTPUT: usize = 64 << 10;
+
+/// A connection with no call open for this long is closed (GOAWAY, a PING round trip,
+/// the final GOAWAY): Envoy opens a new one for its next call.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A PING is sent after this long without a byte from the client (Envoy's gRPC client,
+/// like every HTTP/2 client, answers it).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// How long that PING may go unanswered before the connection is closed (gRPC's
+/// default keepalive timeout).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a new connection has to send the HTTP/2 preface and its SETTINGS.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Streams open at once on a connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Request bytes of unfinished calls held per connection: one message of the largest
+/// size (4 MiB, gRPC's default) and room for others.
+pub const MAX_BUFFERED: usize = (4 << 20) + (64 << 10);
+/// SETTINGS, PING, empty DATA and CONTINUATION frames a connection may send: 1,000 at
+/// once, then 100 a second; past that, GOAWAY `ENHANCE_YOUR_CALM`.
+pub const CONTROL_FRAMES: Budget = Budget {
+    burst: 1_000,
+    per_second: 100,
+};
+/// Calls a connection may reset before they were handed out (the rapid reset attack,
+/// CVE-2023-44487): 1,000 at once, then 100 a second; past that, GOAWAY
+/// `ENHANCE_YOUR_CALM`. A call reset after it was handed out (Envoy's timeout) is not
+/// counted.
+pub const PREMATURE_RESETS: Budget = Budget {
+    burst: 1_000,
+    per_second: 100,
+};
+
+/// Streams whose request has not ended, on all native gRPC connections together (about
+/// 200 bytes each); past it, new ones are refused (`REFUSED_STREAM`).
+pub const MAX_UNFINISHED_STREAMS_TOTAL: usize = 65_536;
+/// Request bytes of unfinished calls held by all native gRPC connections together;
+/// past it, a stream that would hold more is answered `RESOURCE_EXHAUSTED`. A message
+/// that arrives whole in one read (every rate limit request) never counts.
+pub const MAX_BUFFERED_TOTAL: usize = 256 << 20;
+
+/// The limits all native gRPC connections of the process share.
+fn shared_limits() -> Arc<SharedLimits> {
+    static SHARED: OnceLock<Arc<SharedLimits>> = OnceLock::new();
+    Arc::clone(
+        SHARED.get_or_init(|| SharedLimits::new(MAX_UNFINISHED_STREAMS_TOTAL, MAX_BUFFERED_TOTAL)),
+    )
+}
+
+/// The limits of each native gRPC connection.
+pub fn settings() -> ServerSettings {
+    ServerSettings {
+        max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+        max_buffered: MAX_BUFFERED,
+        preface_timeout: PREFACE_TIMEOUT,
+        idle_timeout: Some(IDLE_TIMEOUT),
+        keepalive_interval: Some(KEEPALIVE_INTERVAL),
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        control_frames: CONTROL_FRAMES,
+        premature_resets: PREMATURE_RESETS,
+        ..ServerSettings::default()
+    }
+}
 
 /// Serves the gRPC connections a worker is handed until `stop`; then each connection
 /// sends GOAWAY, answers the calls it has and closes, and this returns when all have.
@@ -80,7 +158,7 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let (mut rd, mut wr) = socket.split();
-    let mut conn = ServerConn::new(ServerSettings::default(), METHODS);
+    let mut conn = ServerConn::with_shared(settings(), METHODS, shared_limits());
     let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::new();
     let mut calls: Vec<Call> = Vec::new();
@@ -89,6 +167,10 @@ async fn connection(
     let stopping = stopped(stop);
     tokio::pin!(stopping);
     let mut draining = false;
+    // The connection's timers: `armed` is when `timer` fires, `None` once it has.
+    let mut armed = conn.deadline();
+    let timer = tokio::time::sleep_until(tokio_instant(armed));
+    tokio::pin!(timer);
     loop {
         for call in calls.drain(..) {
             pending.push(handle(service, call));
@@ -103,9 +185,15 @@ async fn connection(
             debug!(%peer, "gRPC connection: write failed: {e}");
             return;
         }
-        if out.is_empty() && conn.is_done() {
-            return;
+        if out.is_empty() {
+            if conn.is_done() {
+                return;
+            }
+            if out.capacity() > KEEP_OUTPUT {
+                out = Vec::new();
+            }
         }
+        rearm(&conn, &mut armed, timer.as_mut());
         if input.capacity() - input.len() < READ_CHUNK / 4 {
             input.reserve(READ_CHUNK);
         }
@@ -120,7 +208,7 @@ async fn connection(
                     Err(e) => {
                         debug!(%peer, "gRPC connection: {e}");
                         out.append(conn.output());
-                        let _ = tokio::io::AsyncWriteExt::write_all(&mut wr, &out).await;
+                        write_last(&mut wr, &out).await;
                         return;
                     }
                 },
@@ -142,8 +230,52 @@ async fn connection(
                 draining = true;
                 conn.shutdown();
             }
+            () = &mut timer, if armed.is_some() => {
+                armed = None;
+                if !on_timer(&mut conn, &mut out, peer) {
+                    write_last(&mut wr, &out).await;
+                    return;
+                }
+            }
         }
     }
+}
+
+/// Moves the timer earlier when the connection's next deadline is before the one it is
+/// set for (a later deadline is found when the timer fires).
+fn rearm(conn: &ServerConn, armed: &mut Option<Instant>, timer: std::pin::Pin<&mut Sleep>) {
+    if let Some(at) = conn.deadline() {
+        if armed.is_none_or(|a| at < a) {
+            *armed = Some(at);
+            timer.reset(tokio_instant(*armed));
+        }
+    }
+}
+
+/// Runs the connection's timers; `false` when it must close (its last words in `out`).
+#[cold]
+fn on_timer(conn: &mut ServerConn, out: &mut Vec<u8>, peer: SocketAddr) -> bool {
+    match conn.tick(Instant::now()) {
+        Ok(()) => true,
+        Err(e) => {
+            debug!(%peer, "gRPC connection: {e}");
+            out.append(conn.output());
+            false
+        }
+    }
+}
+
+/// Writes what is left (a GOAWAY last) before the connection closes, for at most
+/// [`LAST_WRITE`]: a peer that reads nothing (a dead one) does not hold the task.
+async fn write_last(wr: &mut (impl tokio::io::AsyncWrite + Unpin), out: &[u8]) {
+    let write = tokio::io::AsyncWriteExt::write_all(wr, out);
+    let _ = tokio::time::timeout(LAST_WRITE, write).await;
+}
+
+/// `at` for tokio's timer; `None` (no timer due) is a day away.
+fn tokio_instant(at: Option<Instant>) -> tokio::time::Instant {
+    at.map(tokio::time::Instant::from_std)
+        .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400))
 }
 
 fn respond(conn: &mut ServerConn, stream: u32, reply: Result<Vec<u8>, Status>) {
