@@ -437,7 +437,7 @@ async fn serve_worker(
                     .tls_config(tls)
                     .map_err(|e| format!("gRPC TLS: {e}"))?;
             }
-            let native = tollgate_h2::ServerSettings::default();
+            let native = grpc::native::settings();
             let grpc = server
                 .add_service(
                     grpc::rls::server(Arc::clone(&service))
@@ -493,10 +493,10 @@ pub(crate) fn serve_admin(
 /// whose message stalls is cancelled; `Watch` streams are not cut, their call is
 /// answered at once).
 fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
-    let native = tollgate_h2::ServerSettings::default();
+    let native = grpc::native::settings();
     tonic::transport::Server::builder()
         .max_concurrent_streams(native.max_concurrent_streams)
-        .http2_max_header_list_size(u32::try_from(native.max_header_block).unwrap_or(u32::MAX))
+        .http2_max_header_list_size(u32::try_from(native.max_header_list).unwrap_or(u32::MAX))
         .initial_connection_window_size(native.connection_window)
         .initial_stream_window_size(GRPC_STREAM_WINDOW)
         .max_frame_size(GRPC_MAX_FRAME_SIZE)
