@@ -22,8 +22,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let trusted: Vec<ipnet::IpNet> = match choice % 3 {
         0 => vec![],
-        1 => vec!["10.0.0.0/8".parse().expect("a net"), "::1/128".parse().expect("a net")],
-        _ => vec!["0.0.0.0/0".parse().expect("a net"), "::/0".parse().expect("a net")],
+        1 => vec![
+            "10.0.0.0/8".parse().expect("a net"),
+            "::1/128".parse().expect("a net"),
+        ],
+        _ => vec![
+            "0.0.0.0/0".parse().expect("a net"),
+            "::/0".parse().expect("a net"),
+        ],
     };
     let peer = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
     let _ = tollgate::http::client_ip::client_ip(peer, &headers, &trusted);

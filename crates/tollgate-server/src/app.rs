@@ -233,14 +233,13 @@ async fn run(args: ServeArgs) -> ExitCode {
         ..
     } = core;
     // How large a request may be: the limiter refuses beyond, and the native gRPC
-    // decoder stops there.
+    // decoder (which reads the limiter's settings) stops there.
     let limits = args.request_limits();
     let settings = Settings {
         limits,
         ..*limiter.settings()
     };
     let limiter = limiter.with_settings(settings);
-    grpc::decode::install_limits(limits);
     let headers = HeaderSettings {
         draft: args.ratelimit_headers,
         legacy: args.common.legacy_headers,
@@ -296,7 +295,8 @@ async fn run(args: ServeArgs) -> ExitCode {
     let (http_senders, http_receivers) = workers::channels(count);
     let inputs = grpc_receivers.into_iter().zip(http_receivers).collect();
     let tls = grpc_tls.is_some();
-    let max_connections = workers::max_connections(args.common.max_connections, 2);
+    let listeners = 2 + u64::from(admin_listener.is_some());
+    let max_connections = workers::max_connections(args.common.max_connections, listeners);
     let timeouts = timeouts(&args.common);
     let http_limits = api_limits(timeouts);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
@@ -331,11 +331,11 @@ async fn run(args: ServeArgs) -> ExitCode {
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
         .then(|| tokio::spawn(follow_rules(Arc::clone(&service), stop_rx.clone())));
+    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
     let admin = admin_listener.map(|listener| {
         let router = api::admin_router(Arc::clone(&service), &admin_access);
-        serve_admin(listener, router, stop_rx.clone())
+        serve_admin(listener, router, stop_rx.clone(), gate("admin"), timeouts)
     });
-    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
     let mut acceptors = vec![
         tokio::spawn(workers::distribute(
             grpc_listener,
@@ -350,7 +350,7 @@ async fn run(args: ServeArgs) -> ExitCode {
             gate("http"),
         )),
     ];
-    acceptors.extend(admin);
+    acceptors.extend(admin.into_iter().flatten());
 
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
@@ -469,21 +469,29 @@ pub(crate) async fn bind_admin(at: Option<SocketAddr>) -> Result<Option<TcpListe
     }
 }
 
-/// Serves `router` (the admin endpoints) on `listener`, in cleartext on the main
-/// runtime, until `stop`; then lets the open requests finish.
+/// Serves `router` (the admin endpoints) on `listener`, in cleartext on the calling
+/// runtime, through the same acceptor and limits as the other listeners (`gate`'s
+/// connection cap, the header-read and idle timeouts, the body limits), until `stop`;
+/// then lets the open requests finish. Returns the acceptor's and the server's tasks.
 pub(crate) fn serve_admin(
     listener: TcpListener,
     router: axum::Router,
     stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(stopped(stop))
-            .await
-        {
-            error!("the admin listener failed: {e}");
+    gate: workers::Gate,
+    timeouts: Timeouts,
+) -> [JoinHandle<()>; 2] {
+    let (senders, mut receivers) = workers::channels(1);
+    let connections = receivers.pop();
+    let served = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            if let Some(connections) = connections {
+                workers::serve_http(connections, router, None, stop, api_limits(timeouts)).await;
+            }
         }
-    })
+    });
+    let acceptor = tokio::spawn(workers::distribute(listener, senders, stop, gate));
+    [acceptor, served]
 }
 
 /// tonic's server with the native transport's limits (`tollgate_h2::ServerSettings`:

@@ -3,9 +3,9 @@
 //! `--workers` threads each run their own single-threaded tokio runtime. One acceptor
 //! per listening address (on the main runtime) hands every new connection to the next
 //! worker in turn; from then on the connection and all its requests stay on that
-//! thread, as with nginx's workers. On this 2-core machine that took a forwarded
-//! request from 40–48 µs to 29–36 µs of CPU: no request hops between threads, and no
-//! work-stealing scheduler wakes idle threads for it.
+//! thread, as with nginx's workers: no request hops between threads, and no
+//! work-stealing scheduler wakes idle threads for it (docs/benchmarks.md has the
+//! CPU per request before and after).
 //!
 //! Round robin rather than one `SO_REUSEPORT` socket per worker: gRPC clients (Envoy)
 //! hold a few long-lived HTTP/2 connections, and the kernel's hash of four connections

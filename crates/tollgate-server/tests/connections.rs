@@ -4,8 +4,8 @@
 //! `--max-connections` and serves the next client once one leaves, the tonic
 //! transport refuses streams past the native transport's `MAX_CONCURRENT_STREAMS`
 //! while keeping a quiet client that answers its PINGs, the gateway cuts an upload
-//! that stalls, and an acceptor out of file descriptors neither spins nor floods the
-//! log.
+//! that stalls, `serve --admin-listen` is held to the same limits, and an acceptor out
+//! of file descriptors neither spins nor floods the log.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -117,6 +117,56 @@ async fn slowloris_headers_are_closed_after_the_header_read_timeout() {
     // The service is fine.
     let mut fresh = TcpStream::connect(http_addr(&s)).await.unwrap();
     assert_eq!(get(&mut fresh, "/healthz").await, 200);
+}
+
+#[tokio::test]
+async fn the_admin_listener_is_held_to_the_same_timeouts_and_cap() {
+    let admin = format!("127.0.0.1:{}", support::free_port());
+    let s = Server::start(
+        &rules("admin-listener"),
+        &[
+            "--admin-listen",
+            &admin,
+            "--header-read-timeout",
+            "1s",
+            "--max-connections",
+            "2",
+        ],
+    )
+    .await;
+    // Headers that never end are closed at the header-read timeout.
+    let mut stalled = TcpStream::connect(&admin).await.unwrap();
+    stalled
+        .write_all(b"GET /rules HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut stalled, Duration::from_secs(5)).await,
+        "the admin listener held a stalled header"
+    );
+    // At the cap, the next client waits until one leaves.
+    let mut first = TcpStream::connect(&admin).await.unwrap();
+    assert_eq!(get(&mut first, "/healthz").await, 200);
+    let mut second = TcpStream::connect(&admin).await.unwrap();
+    assert_eq!(get(&mut second, "/healthz").await, 200);
+    let mut third = TcpStream::connect(&admin).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let waited = tokio::time::timeout(Duration::from_millis(500), third.read(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "a third connection was served past --max-connections 2"
+    );
+    drop(first);
+    let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("served once a connection left")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(s);
 }
 
 #[tokio::test]

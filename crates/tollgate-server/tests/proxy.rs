@@ -24,7 +24,7 @@ descriptors:
   - key: search
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: shaped
-    rate_limit: {unit: second, requests_per_unit: 4, algorithm: leaky_bucket, mode: queue, burst: 4, name: shaped}
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket, mode: queue, burst: 4, name: shaped}
 http:
   deny: {cidrs: [192.0.2.0/24], values: {api_key: [revoked]}}
   routes:
@@ -265,9 +265,10 @@ async fn a_permit_comes_back_when_the_client_goes_away_mid_response() {
 async fn a_queue_mode_leaky_bucket_spaces_requests_out_instead_of_refusing() {
     let (up, proxy) = gateway("shaping", &[]).await;
     let c = Client::new();
-    // 4 per second with room for 4: 8 at once → 4 are sent at 250 ms spacing (one
+    // 2 per second with room for 4: 8 at once → 4 are sent at 500 ms spacing (one
     // at once, three queued), 4 are refused. (The spacing is wide so that a busy
-    // machine spreading the 8 decisions out does not let a 5th in.)
+    // machine spreading the 8 decisions out over up to half a second does not let a
+    // 5th in.)
     let sent = Instant::now();
     let statuses: Vec<u16> = futures_util::future::join_all(
         (0..8).map(|_| c.get(format!("{}/shaped", proxy.url)).send()),
@@ -292,14 +293,14 @@ async fn a_queue_mode_leaky_bucket_spaces_requests_out_instead_of_refusing() {
         .collect();
     at.sort();
     // The queue drains at the configured rate: the k-th request reaches the upstream
-    // no sooner than k × 250 ms after the first was decided, hence after they were
+    // no sooner than k × 500 ms after the first was decided, hence after they were
     // sent (unshaped, all four would arrive within a few ms). A busy machine can only
     // make an arrival later, never earlier, so this bound does not flake; the 5 ms
     // are for timer rounding.
     let since_sent: Vec<u128> = at.iter().map(|a| (*a - sent).as_millis()).collect();
     for (k, ms) in since_sent.iter().enumerate() {
         assert!(
-            *ms + 5 >= 250 * k as u128,
+            *ms + 5 >= 500 * k as u128,
             "request {k} arrived {ms} ms after sending: {since_sent:?}"
         );
     }

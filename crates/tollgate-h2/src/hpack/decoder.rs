@@ -44,7 +44,22 @@ pub struct Decoder {
     size: usize,
     max_size: usize,
     allowed: usize,
+    /// The last Huffman-coded value decoded, kept for the next block.
+    last: Memo,
 }
+
+/// A Huffman-coded value and its decoding. A client that sends a value without
+/// indexing it (nghttp2 never indexes `:path`) sends the same bytes on every call: the
+/// next block decodes it by comparing, not by walking the code again.
+#[derive(Default)]
+struct Memo {
+    /// The coded bytes, when `decoded` is theirs (values up to [`MEMO_MAX`] bytes).
+    raw: Option<Vec<u8>>,
+    decoded: Vec<u8>,
+}
+
+/// The longest coded value [`Memo`] keeps.
+const MEMO_MAX: usize = 256;
 
 /// The size of an entry (RFC 7541 §4.1).
 fn entry_size(name: &[u8], value: &[u8]) -> usize {
@@ -60,6 +75,7 @@ impl Decoder {
             size: 0,
             max_size: allowed,
             allowed,
+            last: Memo::default(),
         }
     }
 
@@ -97,7 +113,10 @@ impl Decoder {
         // (their cost is bounded by the block's length) to count their size exactly, as
         // h2 does; references, whose decoded size is not, are only counted.
         let mut deliver = true;
-        let (mut name_buf, mut value_buf) = (Vec::new(), Vec::new());
+        let mut name_buf = Vec::new();
+        // Taken for the block (values borrow it while the table changes); an error
+        // leaves it empty, which only costs the next block a decoding.
+        let mut memo = std::mem::take(&mut self.last);
         let mut pos = 0;
         let mut fields = 0usize;
         while let Some(&first) = block.get(pos) {
@@ -130,7 +149,7 @@ impl Decoder {
                 if index == 0 {
                     let (name, n) = string(&block[pos..], &mut name_buf)?;
                     pos += n;
-                    let (value, m) = string(&block[pos..], &mut value_buf)?;
+                    let (value, m) = value_string(&block[pos..], &mut memo)?;
                     pos += m;
                     account(&mut list, name.len() + value.len(), abuse)?;
                     deliver &= list <= max_list;
@@ -141,7 +160,7 @@ impl Decoder {
                         self.insert(name, value);
                     }
                 } else {
-                    let (value, m) = string(&block[pos..], &mut value_buf)?;
+                    let (value, m) = value_string(&block[pos..], &mut memo)?;
                     pos += m;
                     let (name, _) = self.get(index)?;
                     account(&mut list, name.len() + value.len(), abuse)?;
@@ -160,6 +179,7 @@ impl Decoder {
             }
             fields += 1;
         }
+        self.last = memo;
         Ok(if deliver {
             List::Complete
         } else {
@@ -254,6 +274,28 @@ fn string<'a>(buf: &'a [u8], scratch: &'a mut Vec<u8>) -> Result<(&'a [u8], usiz
     Ok((scratch.as_slice(), n + len))
 }
 
+/// A value's string literal, as [`string`], its Huffman decoding from `memo` when it
+/// is the same coded bytes as the last one (else decoded into it).
+fn value_string<'a>(buf: &'a [u8], memo: &'a mut Memo) -> Result<(&'a [u8], usize), DecodeError> {
+    let huffman = buf.first().ok_or(DecodeError::Truncated)? & 0x80 != 0;
+    let (len, n) = integer(buf, 7)?;
+    let raw = buf.get(n..n + len).ok_or(DecodeError::Truncated)?;
+    if !huffman {
+        return Ok((raw, n + len));
+    }
+    if memo.raw.as_deref() != Some(raw) {
+        memo.decoded.clear();
+        let mut kept = memo.raw.take().unwrap_or_default();
+        huffman::decode(raw, &mut memo.decoded).map_err(|_| DecodeError::Huffman)?;
+        if raw.len() <= MEMO_MAX {
+            kept.clear();
+            kept.extend_from_slice(raw);
+            memo.raw = Some(kept);
+        }
+    }
+    Ok((memo.decoded.as_slice(), n + len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +339,42 @@ mod tests {
         assert_eq!(third[2], (":path".into(), "/index.html".into()));
         assert_eq!(third[4], ("custom-key".into(), "custom-value".into()));
         assert_eq!(d.size, 164, "RFC 7541 C.4.3: the table holds 164 bytes");
+    }
+
+    #[test]
+    fn a_repeated_huffman_value_decodes_the_same_every_time() {
+        // `:path` (static name 4) without indexing, Huffman-coded, as nghttp2 sends it.
+        let block = |value: &[u8]| {
+            let mut coded = Vec::new();
+            huffman::encode(value, &mut coded);
+            let mut b = vec![0x04];
+            b.push(0x80 | coded.len() as u8);
+            b.extend_from_slice(&coded);
+            b
+        };
+        let mut d = Decoder::new(4096);
+        let long = vec![b'x'; 300];
+        // Longer than the memo keeps (its length takes more than the prefix).
+        let mut coded = Vec::new();
+        huffman::encode(&long, &mut coded);
+        let mut long_block = vec![0x04];
+        super::super::put_int(&mut long_block, 0x80, 7, coded.len());
+        long_block.extend_from_slice(&coded);
+        let long_text = String::from_utf8(long).unwrap();
+        for (b, want) in [
+            (block(b"/a.B/C"), "/a.B/C"),
+            (block(b"/a.B/C"), "/a.B/C"),
+            (block(b"/other"), "/other"),
+            (long_block.clone(), long_text.as_str()),
+            (block(b""), ""),
+            (long_block, long_text.as_str()),
+            (block(b"/a.B/C"), "/a.B/C"),
+        ] {
+            assert_eq!(
+                fields(&mut d, &b).unwrap(),
+                [(":path".to_string(), want.to_string())]
+            );
+        }
     }
 
     #[test]

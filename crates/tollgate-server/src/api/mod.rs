@@ -6,8 +6,9 @@
 
 mod admin;
 mod auth;
-mod check;
-mod json;
+pub(crate) mod check;
+pub(crate) mod json;
+mod stream;
 
 pub use auth::AdminAccess;
 

@@ -23,40 +23,10 @@
 //! [`rls::from_wire`]: crate::grpc::rls::from_wire
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tollgate::limiter::{self, RateLimitRequest, RequestLimits};
 
 use crate::grpc::rls::{descriptor, validated};
-
-/// The limits [`request`] reads within: the service's, installed by `tollgate serve`
-/// at start-up ([`install_limits`]); [`RequestLimits::default`] until then.
-///
-/// A process-wide setting because the native transport's connection loop (which
-/// another part of the server owns) calls [`request`] with the message alone; every
-/// other path is given the limiter's own limits.
-static LIMITS: [AtomicUsize; 3] = [
-    AtomicUsize::new(RequestLimits::DEFAULT_MAX_DESCRIPTORS),
-    AtomicUsize::new(RequestLimits::DEFAULT_MAX_ENTRIES),
-    AtomicUsize::new(RequestLimits::DEFAULT_MAX_ENTRY_BYTES),
-];
-
-/// Makes [`request`] read within `limits` (the limiter's, so that the decoder stops
-/// where the limiter would refuse).
-pub fn install_limits(limits: RequestLimits) {
-    LIMITS[0].store(limits.max_descriptors, Relaxed);
-    LIMITS[1].store(limits.max_entries, Relaxed);
-    LIMITS[2].store(limits.max_entry_bytes, Relaxed);
-}
-
-/// The limits [`request`] reads within.
-pub fn installed_limits() -> RequestLimits {
-    RequestLimits {
-        max_descriptors: LIMITS[0].load(Relaxed),
-        max_entries: LIMITS[1].load(Relaxed),
-        max_entry_bytes: LIMITS[2].load(Relaxed),
-    }
-}
 
 /// prost's limit on nested messages and groups.
 const RECURSION_LIMIT: u32 = 100;
@@ -87,12 +57,6 @@ impl fmt::Display for Malformed {
             Self::Invalid(why) => f.write_str(why),
         }
     }
-}
-
-/// The request in `bytes` (a serialized `RateLimitRequest`), validated, within the
-/// [installed](install_limits) limits.
-pub fn request(bytes: &[u8]) -> Result<RateLimitRequest, Malformed> {
-    request_within(bytes, &installed_limits())
 }
 
 /// The request in `bytes` (a serialized `RateLimitRequest`), validated; the reading
@@ -679,7 +643,7 @@ mod tests {
             }],
             hits_addend: 2,
         };
-        let got = request(&wire.encode_to_vec()).expect("valid");
+        let got = request_within(&wire.encode_to_vec(), &RequestLimits::default()).expect("valid");
         assert_eq!(got.domain, "api");
         assert_eq!(got.hits_addend, 2);
         assert_eq!(

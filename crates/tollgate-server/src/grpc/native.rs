@@ -2,7 +2,7 @@
 //! (`--grpc-transport native`; `tonic` is the alternative).
 //!
 //! One task per connection, on the worker that accepted it. Each turn of its loop reads
-//! what the socket has, reads every complete call with [`decode::request`], decides it
+//! what the socket has, reads every complete call with [`decode::request_within`], decides it
 //! with [`rls::decide_request`] (the decision tonic's service gets too), encodes each
 //! answer with [`encode::response`], answers
 //! all the calls that are decided at once (every call on the in-memory store; on Redis,
@@ -180,7 +180,13 @@ async fn connection(
         while let Some(Some((stream, reply))) = pending.next().now_or_never() {
             respond(&mut conn, stream, reply);
         }
-        out.append(conn.output());
+        if out.is_empty() {
+            // Usually all was written last time: take the new output's buffer rather
+            // than copy it.
+            std::mem::swap(&mut out, conn.output());
+        } else {
+            out.append(conn.output());
+        }
         if let Err(e) = tollgate_h2::write_some(&mut out, |b| wr.try_write(b)) {
             debug!(%peer, "gRPC connection: write failed: {e}");
             return;
@@ -285,7 +291,7 @@ fn respond(conn: &mut ServerConn, stream: u32, reply: Result<Vec<u8>, Status>) {
     }
 }
 
-/// One call: a `ShouldRateLimit` ([`decode::request`], [`rls::decide_request`],
+/// One call: a `ShouldRateLimit` ([`decode::request_within`], [`rls::decide_request`],
 /// [`encode::response`]; `UNKNOWN` [`NO_RULES`] while no rules are loaded) or a health
 /// `Check` ([`health::check_call`]).
 async fn handle(service: &Service, call: Call) -> (u32, Result<Vec<u8>, Status>) {
@@ -293,7 +299,7 @@ async fn handle(service: &Service, call: Call) -> (u32, Result<Vec<u8>, Status>)
         return (call.stream, health::check_call(service, &call.message));
     }
     debug_assert_eq!(call.method, SHOULD_RATE_LIMIT);
-    let reply = match decode::request(&call.message) {
+    let reply = match decode::request_within(&call.message, &service.limiter.settings().limits) {
         Err(why) => {
             service.metrics.invalid_request();
             Err(Status::new(Code::InvalidArgument, why.to_string()))

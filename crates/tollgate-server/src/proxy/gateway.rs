@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use super::forward::{ForwardSettings, Upstream};
 use crate::api::{admin_router, AdminAccess};
 use crate::app::{
-    api_limits, bind_admin, core, init_logging, runtime, shutdown_signal, sweep, timeouts, Core,
+    bind_admin, core, init_logging, runtime, serve_admin, shutdown_signal, sweep, timeouts, Core,
     InvalidRules,
 };
 use crate::cli::ProxyArgs;
@@ -210,22 +210,8 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
     // The admin endpoints: on this runtime, through the same acceptor and limits.
     let admin = admin.map(|listener| {
-        let (senders, mut receivers) = workers::channels(1);
-        let connections = receivers.pop();
         let router = admin_router(Arc::clone(&service), &admin_access);
-        let stop = stop_rx.clone();
-        let served = tokio::spawn(async move {
-            if let Some(connections) = connections {
-                workers::serve_http(connections, router, None, stop, api_limits(timeouts)).await;
-            }
-        });
-        let acceptor = tokio::spawn(workers::distribute(
-            listener,
-            senders,
-            stop_rx.clone(),
-            gate("admin"),
-        ));
-        [acceptor, served]
+        serve_admin(listener, router, stop_rx.clone(), gate("admin"), timeouts)
     });
     if let Some(warmer) = &warmer {
         warmer.start(warm::reported(warmed_rx, count)).await;

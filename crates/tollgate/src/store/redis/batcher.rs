@@ -7,9 +7,8 @@
 //! then the shared batcher serves), the request, its script call, the reply and the
 //! answer never leave the runtime's thread, so no wake-up crosses threads on the way. The
 //! price: each runtime's calls are smaller, so Redis spends more per decision when it is
-//! lightly loaded. On this 2-core VM, `tollgate serve` at 30,000 requests per second
-//! spent 21.8–24.0 µs of CPU per request against 26.4–27.5 µs with one shared batcher,
-//! and Redis 16.6–18.0 against 14.3–15.3 µs per decision (docs/benchmarks.md, "Redis").
+//! lightly loaded; the server spends less CPU per request and Redis a little more per
+//! decision (docs/benchmarks.md, "Redis", has the figures).
 //!
 //! Other callers (a multi-threaded runtime) share one batcher and connection, started
 //! with the store; so does everyone over TLS (redis-rs reads the system's certificate

@@ -33,8 +33,8 @@ impl KeyNames {
         } else {
             escape(key)
         };
-        // Written piece by piece: `format!` cost a busy server's thread about 3 % of its
-        // time here (perf, `tollgate serve` on Redis at half load).
+        // Written piece by piece: `format!` showed up in perf profiles of a busy
+        // server on Redis.
         let mut state = String::with_capacity(prefix.len() + tag.len() + 20);
         state.push_str(prefix);
         state.push_str(":{");

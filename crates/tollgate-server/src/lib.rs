@@ -1,0 +1,136 @@
+//! The `tollgate` command: the rate limit service (`serve`), the gateway (`proxy`) and
+//! the tools around them. `src/main.rs` is only [`run`]; the library target exists so
+//! that the fuzz targets and the amplification tests reach the same input parsers the
+//! listeners use ([`fuzzing`]).
+
+mod api;
+mod app;
+mod cli;
+mod conformance;
+mod conn;
+pub mod fuzzing;
+mod grpc;
+mod metrics;
+mod proxy;
+mod service;
+mod store;
+mod tls;
+mod validate;
+mod warm;
+mod workers;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+use cli::{Cli, Command};
+use tollgate::rules::LoadOptions;
+
+/// `tollgate` with the process's arguments: what `main` runs.
+pub fn run() -> ExitCode {
+    match Cli::parse().command {
+        None => {
+            let _ = Cli::command().print_help();
+            ExitCode::SUCCESS
+        }
+        Some(Command::Serve(args)) => app::serve(args),
+        Some(Command::Proxy(args)) => proxy::gateway::run(args),
+        Some(Command::Validate {
+            paths,
+            merge_domains,
+        }) => exit(validate::run(&paths, LoadOptions { merge_domains })),
+        Some(Command::Conformance { dir, store, tls }) => match tls.read() {
+            Ok(tls) => exit(conformance::report(&dir, &store, tls.as_ref())),
+            Err(e) => {
+                eprintln!("cannot set up TLS to Redis: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::RedisPrune { store, tls }) => redis_prune(&store, tls),
+        Some(Command::RedisScript {
+            algorithms,
+            library,
+        }) => {
+            let names: Vec<&str> = algorithms.iter().map(String::as_str).collect();
+            let source = if library {
+                tollgate::store::script_library(&names).map(|(_, library)| library)
+            } else {
+                tollgate::store::script_source(&names)
+            };
+            match source {
+                Ok(source) => {
+                    print!("{source}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// `tollgate redis-prune`: deletes other versions' libraries, prints their names.
+fn redis_prune(store: &str, tls: cli::RedisTlsArgs) -> ExitCode {
+    let tls = match tls.read() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("cannot set up TLS to Redis: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let deleted = runtime.block_on(async {
+        let mut builder = tollgate::store::RedisStore::builder(store).per_thread(false);
+        if let Some(tls) = tls {
+            builder = builder.tls(tls);
+        }
+        builder.connect().await?.delete_stale_libraries().await
+    });
+    match deleted {
+        Ok(names) => {
+            for name in &names {
+                println!("{name}");
+            }
+            eprintln!(
+                "deleted {} librar{} of other Tollgate versions",
+                names.len(),
+                if names.len() == 1 { "y" } else { "ies" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cannot prune {store}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `err` and its sources, joined with `": "`, for logs and start-up errors.
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut current = err.source();
+    while let Some(e) = current {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        current = e.source();
+    }
+    out
+}

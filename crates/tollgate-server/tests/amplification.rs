@@ -1,0 +1,210 @@
+//! Work per input byte is bounded for every parser that reads untrusted bytes (the five
+//! fuzz targets: the HTTP/2 receive path, the protobuf request decoder, `/v1/check` and
+//! `/json` bodies, the rule-file reader, the client-address headers).
+//!
+//! "Work" here is what a counting allocator (`allocation-counter`, per thread) sees:
+//! bytes allocated and allocations made, both deterministic, so the bounds cannot
+//! flake on a busy machine. Each parser is fed the inputs that amplify best
+//! (`hostile/`: a header block that references one large field over and over,
+//! SETTINGS floods over many open streams, rapid resets, nesting past every recursion
+//! limit, YAML aliases, requests past every cap) at two sizes, and random bytes; for
+//! each, allocation per input byte must stay under the parser's bound, and eight
+//! times the input must not cost more than about eight times the work. The CPU side
+//! of the same property (instructions per input byte, under callgrind) is
+//! `tools/check-amplification.sh`, a measurement rather than a test.
+
+use hostile::{Target, CASES};
+use proptest::prelude::*;
+
+mod hostile;
+
+/// What one run of a parser cost, on this thread.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    allocs: u64,
+    bytes: u64,
+    peak: u64,
+}
+
+fn measure(f: impl FnOnce()) -> Work {
+    let info = allocation_counter::measure(f);
+    Work {
+        allocs: info.count_total,
+        bytes: info.bytes_total,
+        peak: info.bytes_max,
+    }
+}
+
+/// A parser's bound: at most `bytes_per_byte` bytes allocated and one allocation per
+/// `bytes_per_alloc` input bytes, beyond a fixed `slack` (buffers set up once).
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    bytes_per_byte: u64,
+    bytes_per_alloc: u64,
+    slack_bytes: u64,
+    slack_allocs: u64,
+}
+
+impl Bound {
+    fn check(&self, what: &str, input: usize, work: Work) {
+        let input = input as u64;
+        assert!(
+            work.bytes <= self.bytes_per_byte * input + self.slack_bytes,
+            "{what}: {} input bytes made {} bytes of allocation (bound {} per byte + {})",
+            input,
+            work.bytes,
+            self.bytes_per_byte,
+            self.slack_bytes
+        );
+        assert!(
+            work.allocs <= input / self.bytes_per_alloc + self.slack_allocs,
+            "{what}: {} input bytes made {} allocations (bound one per {} bytes + {})",
+            input,
+            work.allocs,
+            self.bytes_per_alloc,
+            self.slack_allocs
+        );
+    }
+}
+
+/// Runs `parse` on `make(n)` and `make(8 n)`: both within `bound`, and the larger
+/// input at most about eight times the work of the smaller (linear, not worse).
+fn linear(
+    what: &str,
+    bound: Bound,
+    n: usize,
+    make: impl Fn(usize) -> Vec<u8>,
+    parse: impl Fn(&[u8]),
+) {
+    let (small, large) = (make(n), make(8 * n));
+    let w1 = measure(|| parse(&small));
+    let w8 = measure(|| parse(&large));
+    eprintln!(
+        "{what}: {} B in: {} allocations, {} B allocated ({:.1}/B), peak {} B; {} B in: {} allocations, {} B ({:.1}/B), peak {} B",
+        small.len(), w1.allocs, w1.bytes, w1.bytes as f64 / small.len() as f64, w1.peak,
+        large.len(), w8.allocs, w8.bytes, w8.bytes as f64 / large.len() as f64, w8.peak,
+    );
+    bound.check(what, small.len(), w1);
+    bound.check(what, large.len(), w8);
+    let ratio = large.len() as f64 / small.len().max(1) as f64;
+    let allowed = |w: u64, slack: u64| (w as f64 * ratio * 1.5) as u64 + slack;
+    assert!(
+        w8.bytes <= allowed(w1.bytes, bound.slack_bytes),
+        "{what}: {}× the input allocated {} bytes against {} (more than linear)",
+        ratio,
+        w8.bytes,
+        w1.bytes
+    );
+    assert!(
+        w8.allocs <= allowed(w1.allocs, bound.slack_allocs),
+        "{what}: {}× the input made {} allocations against {} (more than linear)",
+        ratio,
+        w8.allocs,
+        w1.allocs
+    );
+}
+
+// ---- the bounds, one per parser ----
+
+/// Allocation per input byte on the receive path: about what holding the input costs
+/// (the connection keeps up to a message and a header block per stream); beyond that,
+/// a fixed buffer set.
+const H2: Bound = Bound {
+    bytes_per_byte: 8,
+    bytes_per_alloc: 8,
+    slack_bytes: 1 << 20,
+    slack_allocs: 256,
+};
+
+/// The decoder copies what it keeps (at most the caps' worth) and little else.
+const PROTOBUF: Bound = Bound {
+    bytes_per_byte: 4,
+    bytes_per_alloc: 4,
+    slack_bytes: 64 << 10,
+    slack_allocs: 64,
+};
+
+/// The bodies are read as they stream: what is kept (at most the caps' worth, each
+/// string measured before it is copied) and serde_json's scratch for one string.
+const JSON: Bound = Bound {
+    bytes_per_byte: 4,
+    bytes_per_alloc: 4,
+    slack_bytes: 64 << 10,
+    slack_allocs: 1024,
+};
+
+/// The reader keeps a node tree of the file and then the rules; errors carry positions.
+const RULES: Bound = Bound {
+    bytes_per_byte: 128,
+    bytes_per_alloc: 1,
+    slack_bytes: 256 << 10,
+    slack_allocs: 1024,
+};
+
+/// `HeaderMap` holds the values (the input again, one allocation per line: most of
+/// the figure is the map the test builds) and the hops parsed from them.
+const CLIENT_IP: Bound = Bound {
+    bytes_per_byte: 32,
+    bytes_per_alloc: 8,
+    slack_bytes: 16 << 10,
+    slack_allocs: 64,
+};
+
+#[test]
+fn the_http2_receive_path_works_in_proportion_to_its_input() {
+    for case in CASES.iter().filter(|c| c.target == Target::H2) {
+        linear(case.name, H2, case.n, case.make, |input| {
+            case.target.run(input)
+        });
+    }
+}
+
+#[test]
+fn the_protobuf_decoder_works_in_proportion_to_its_input() {
+    for case in CASES.iter().filter(|c| c.target == Target::Protobuf) {
+        linear(case.name, PROTOBUF, case.n, case.make, |input| {
+            case.target.run(input)
+        });
+    }
+}
+
+#[test]
+fn the_json_bodies_cost_in_proportion_to_their_length() {
+    for case in CASES.iter().filter(|c| c.target == Target::Json) {
+        linear(case.name, JSON, case.n, case.make, |input| {
+            case.target.run(input)
+        });
+    }
+}
+
+#[test]
+fn the_rule_file_reader_works_in_proportion_to_the_file() {
+    for case in CASES.iter().filter(|c| c.target == Target::Rules) {
+        linear(case.name, RULES, case.n, case.make, |input| {
+            case.target.run(input)
+        });
+    }
+}
+
+#[test]
+fn the_client_address_costs_in_proportion_to_the_headers() {
+    for case in CASES.iter().filter(|c| c.target == Target::ClientIp) {
+        linear(case.name, CLIENT_IP, case.n, case.make, |input| {
+            case.target.run(input)
+        });
+    }
+}
+
+// ---- random inputs, every parser ----
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn random_bytes_stay_within_every_bound(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        H2.check("h2, random", bytes.len(), measure(|| Target::H2.run(&bytes)));
+        PROTOBUF.check("protobuf, random", bytes.len(), measure(|| Target::Protobuf.run(&bytes)));
+        JSON.check("json, random", bytes.len(), measure(|| Target::Json.run(&bytes)));
+        RULES.check("rules, random", bytes.len(), measure(|| Target::Rules.run(&bytes)));
+        CLIENT_IP.check("client address, random", bytes.len(), measure(|| Target::ClientIp.run(&bytes)));
+    }
+}
