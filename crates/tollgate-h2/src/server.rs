@@ -1377,14 +1377,15 @@ impl RequestHeaders {
                 self.malformed |= !known;
             }
             b"content-length" => {
-                // Up to 19 digits: no overflow.
-                let digits = !value.is_empty() && value.len() <= 19;
-                let n = value
-                    .iter()
-                    .try_fold(0u64, |n, &b| {
-                        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
-                    })
-                    .filter(|_| digits);
+                // Digits only, and a number that fits: anything else is malformed.
+                let n = (!value.is_empty())
+                    .then_some(value)
+                    .and_then(|digits| {
+                        digits.iter().try_fold(0u64, |n, &b| {
+                            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
+                            n.checked_mul(10)?.checked_add(digit)
+                        })
+                    });
                 known = n.is_some();
                 match (n, self.content_length) {
                     (Some(n), None) => self.content_length = Some(n),

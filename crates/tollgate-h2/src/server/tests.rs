@@ -951,6 +951,18 @@ fn malformed_requests_are_reset_with_protocol_error() {
             post(&[(b"content-length", b"1e3")]),
             1,
         ),
+        (
+            // Found by fuzzing (h2_server): the digits overflowed a u64 while they were
+            // read, a panic in a debug build and a wrong length in a release build.
+            "content-length too large for a number",
+            post(&[(b"content-length", b"99999999999999999999999999")]),
+            1,
+        ),
+        (
+            "content-length of 20 digits",
+            post(&[(b"content-length", b"18446744073709551616")]),
+            1,
+        ),
     ];
     for (what, block, stream) in cases {
         let mut server = ServerConn::new(ServerSettings::default(), METHODS);
