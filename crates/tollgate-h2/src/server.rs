@@ -1378,14 +1378,12 @@ impl RequestHeaders {
             }
             b"content-length" => {
                 // Digits only, and a number that fits: anything else is malformed.
-                let n = (!value.is_empty())
-                    .then_some(value)
-                    .and_then(|digits| {
-                        digits.iter().try_fold(0u64, |n, &b| {
-                            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
-                            n.checked_mul(10)?.checked_add(digit)
-                        })
-                    });
+                let n = (!value.is_empty()).then_some(value).and_then(|digits| {
+                    digits.iter().try_fold(0u64, |n, &b| {
+                        let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
+                        n.checked_mul(10)?.checked_add(digit)
+                    })
+                });
                 known = n.is_some();
                 match (n, self.content_length) {
                     (Some(n), None) => self.content_length = Some(n),

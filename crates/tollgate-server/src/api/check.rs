@@ -155,8 +155,9 @@ impl<'de> Visitor<'de> for Descriptors<'_> {
     }
 }
 
-/// Descriptor `i`'s entries: an object (key to value, in order; a repeated key keeps
-/// its place and takes the later value) or a list of `[key, value]` pairs.
+/// Descriptor `i`'s entries: an object (key to value, in order; a key written twice is
+/// refused: which value was meant is ambiguous, and repeats would not count against the
+/// entry cap) or a list of `[key, value]` pairs (where a key may repeat).
 struct Entries<'r> {
     reader: &'r Reader,
     limits: &'r RequestLimits,
@@ -213,24 +214,16 @@ impl<'de> Visitor<'de> for Entries<'_> {
                 entries: &self,
                 existing: &entries,
             };
-            let (j, key) = match map.next_key_seed(seed)? {
-                None => return Ok(entries),
-                Some(Key::Repeated(j)) => (j, None),
-                Some(Key::New(key)) => (entries.len(), Some(key)),
+            let Some(key) = map.next_key_seed(seed)? else {
+                return Ok(entries);
             };
-            let name = match &key {
-                Some(key) => key,
-                None => &entries[j].0,
-            };
+            let j = entries.len();
             let what = format_args!(
-                "descriptor {}: the value of `{name}` must be a string",
+                "descriptor {}: the value of `{key}` must be a string",
                 self.i
             );
             let value = map.next_value_seed(self.text(j, false, what))?;
-            match key {
-                Some(key) => entries.push((key, value)),
-                None => entries[j].1 = value,
-            }
+            entries.push((key, value));
         }
     }
 
@@ -290,32 +283,32 @@ impl<'de> Visitor<'de> for Pair<'_, '_> {
     }
 }
 
-/// A key of a descriptor written as an object: one seen before (its entry), or a new
-/// entry's key, counted and measured before it is copied.
+/// A key of a descriptor written as an object: a new entry's key, counted and measured
+/// before it is copied; one seen before in the object is refused.
 struct ObjectKey<'e, 'r> {
     entries: &'e Entries<'r>,
     existing: &'e [(String, String)],
 }
 
-enum Key {
-    Repeated(usize),
-    New(String),
-}
-
 self_seed!(ObjectKey<'_, '_>, deserialize_str);
 
 impl<'de> Visitor<'de> for ObjectKey<'_, '_> {
-    type Value = Key;
+    type Value = String;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a key")
     }
 
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
-        match self.existing.iter().position(|(k, _)| k == key) {
-            Some(j) => Ok(Key::Repeated(j)),
-            None => self.entries.key(self.existing.len(), key).map(Key::New),
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<String, E> {
+        let e = self.entries;
+        let key = e.key(self.existing.len(), key)?;
+        if self.existing.iter().any(|(k, _)| *k == key) {
+            return Err(e.reader.refuse(format!(
+                "descriptor {}: the key `{key}` is given twice (a list of [key, value] pairs may repeat a key)",
+                e.i
+            )));
         }
+        Ok(key)
     }
 }
 
@@ -638,14 +631,15 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_key_keeps_its_place_and_takes_the_later_value() {
-        let r = parse(br#"{"domain":"d","descriptors":[{"a":"1","b":2,"a":true}]}"#).unwrap();
+    fn a_key_given_twice_in_an_object_is_refused() {
+        assert_eq!(
+            parse(br#"{"domain":"d","descriptors":[{"a":"1","b":2,"a":true}]}"#).unwrap_err(),
+            "descriptor 0: the key `a` is given twice (a list of [key, value] pairs may repeat a key)"
+        );
+        let r = parse(br#"{"domain":"d","descriptors":[[["a","1"],["a","2"]]]}"#).unwrap();
         assert_eq!(
             r.descriptors[0].entries,
-            [
-                ("a".to_string(), "true".to_string()),
-                ("b".into(), "2".into())
-            ]
+            [("a".to_string(), "1".to_string()), ("a".into(), "2".into())]
         );
     }
 
