@@ -192,6 +192,47 @@ mod errors {
     }
 
     #[test]
+    fn a_control_character_is_an_error_with_its_place_not_the_end_of_the_file() {
+        // Before, the YAML reader stopped at the NUL: `b` and its lockout vanished and
+        // the file loaded.
+        let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n\0  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, block_duration: 1h}\n";
+        assert_eq!(
+            errors(text),
+            ["5:1: a control character (U+0000) where text was expected: a rule file is text; remove it"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: a\u{7}b\n"),
+            ["3:11: a control character (U+0007) where text was expected: a rule file is text; remove it"]
+        );
+        // Tabs, CR LF line ends and other scripts are text.
+        let fine = "domain: d\r\ndescriptors:\r\n  - key: \"é\t\"\r\n    rate_limit: {unit: second, requests_per_unit: 1}\r\n";
+        assert!(super::from_str("f.yaml", fine).is_ok());
+        // The gateway's reader of the same files says the same.
+        #[cfg(feature = "tower")]
+        assert_eq!(
+            tollgate::http::config::from_str("f.yaml", text)
+                .unwrap_err()
+                .line,
+            5
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let text = "\u{feff}domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let set = super::from_str("f.yaml", text).unwrap();
+        assert_eq!(set.domains().len(), 1);
+        assert_eq!(
+            errors("\u{feff}domain: d\nextra: 1\n"),
+            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, charge_rejected)"]
+        );
+        #[cfg(feature = "tower")]
+        assert!(tollgate::http::config::from_str("f.yaml", text)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
     fn a_yaml_syntax_error_is_reported_once_with_its_line() {
         let dir = tempdir("syntax");
         std::fs::write(

@@ -276,7 +276,7 @@ pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, ConfigError
     if let Some(e) = crate::rules::yaml_error(file, text) {
         return Err(e);
     }
-    let parsed: File = serde_norway::from_str(text).map_err(|e| {
+    let parsed: File = serde_norway::from_str(crate::rules::without_bom(text)).map_err(|e| {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
         ConfigError {
             file: file.to_string(),

@@ -79,4 +79,4 @@ pub use watch::reload_on_sighup;
 #[cfg(feature = "watch")]
 pub use watch::{watch, Watcher};
 #[cfg(feature = "tower")]
-pub(crate) use yaml::yaml_error;
+pub(crate) use yaml::{without_bom, yaml_error};

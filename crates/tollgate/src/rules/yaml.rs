@@ -179,7 +179,17 @@ impl<'a> Reader<'a> {
 
     /// Parses a whole file into a draft domain (`None` when it could not be read at all).
     pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
+        let text = without_bom(text);
         self.lines = text.lines().map(str::to_string).collect();
+        if let Some((line, column, message)) = forbidden_character(text) {
+            self.errors.push(ConfigError {
+                file: self.file.to_string(),
+                line,
+                column,
+                message,
+            });
+            return None;
+        }
         let root = match parse(text) {
             Ok(root) => root,
             Err(e) => {
@@ -732,6 +742,29 @@ fn parse(text: &str) -> Result<Node, marked_yaml::LoadError> {
     marked_yaml::parse_yaml_with_options(0, text, options)
 }
 
+/// `text` without the byte order mark an editor may have put first (not part of the
+/// first key).
+pub(crate) fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
+}
+
+/// The first character a rule file may not hold, as (line, column, message), both
+/// 1-based: a control character other than tab, line feed and carriage return. A NUL
+/// in particular ends the YAML reader's view of the file, which would load what came
+/// before it and silently drop the rest.
+fn forbidden_character(text: &str) -> Option<(usize, usize, String)> {
+    let at = text.find(|c: char| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))?;
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let c = text[at..].chars().next().map_or(0, u32::from);
+    Some((
+        line,
+        column,
+        format!("a control character (U+{c:04X}) where text was expected: a rule file is text; remove it"),
+    ))
+}
+
 /// YAML's null: a plain (unquoted) empty value, `~` or `null`.
 fn is_null(scalar: &MarkedScalarNode) -> bool {
     scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
@@ -742,6 +775,15 @@ fn is_null(scalar: &MarkedScalarNode) -> bool {
 /// [`load`](super::load) reports it; `None` when the text is YAML a rule file may use.
 #[cfg(feature = "tower")]
 pub(crate) fn yaml_error(file: &str, text: &str) -> Option<ConfigError> {
+    let text = without_bom(text);
+    if let Some((line, column, message)) = forbidden_character(text) {
+        return Some(ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message,
+        });
+    }
     let e = parse(text).err()?;
     let mut reader = Reader::new(file);
     reader.lines = text.lines().map(str::to_string).collect();
