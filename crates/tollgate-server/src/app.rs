@@ -107,6 +107,7 @@ pub(crate) async fn core(
 ) -> Option<Core> {
     let options = LoadOptions {
         merge_domains: args.merge_domains,
+        max_depth: args.max_rule_depth,
     };
     let rules = Arc::new(Rules::load_or_wait(args.config.clone(), options));
     if let Some(errors) = rules.last_error() {

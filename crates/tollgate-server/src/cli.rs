@@ -37,6 +37,11 @@ pub enum Command {
         /// Let several files define the same domain (their descriptors are combined).
         #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
         merge_domains: bool,
+        /// How many `descriptors` lists deep a rule file may nest (the domain's is the
+        /// first); deeper is an error with its place.
+        #[arg(long, env = "TOLLGATE_MAX_RULE_DEPTH", default_value_t = tollgate::rules::DEFAULT_MAX_DEPTH,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=tollgate::rules::MAX_MAX_DEPTH as u64))]
+        max_rule_depth: usize,
     },
     /// Run rule-engine case files (the format of shared/cases/README.md) with a manual
     /// clock; print every failing step and `N passed, M failed` (files). Exits
@@ -327,6 +332,12 @@ pub struct CommonArgs {
     /// Let several rule files define the same domain.
     #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
     pub merge_domains: bool,
+    /// How many `descriptors` lists deep a rule file may nest (the domain's is the
+    /// first, at most 100); deeper is an error with its place, and the old rules keep
+    /// serving.
+    #[arg(long, env = "TOLLGATE_MAX_RULE_DEPTH", default_value_t = tollgate::rules::DEFAULT_MAX_DEPTH,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=tollgate::rules::MAX_MAX_DEPTH as u64))]
+    pub max_rule_depth: usize,
     /// Whether a rejected request is charged, where the rule files do not say
     /// (`charge_rejected`): `none` (all or nothing), `over_limit` (the descriptors over
     /// their limit are charged anyway: envoyproxy/ratelimit with

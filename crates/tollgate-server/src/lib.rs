@@ -37,7 +37,14 @@ pub fn run() -> ExitCode {
         Some(Command::Validate {
             paths,
             merge_domains,
-        }) => exit(validate::run(&paths, LoadOptions { merge_domains })),
+            max_rule_depth,
+        }) => exit(validate::run(
+            &paths,
+            LoadOptions {
+                merge_domains,
+                max_depth: max_rule_depth,
+            },
+        )),
         Some(Command::Conformance { dir, store, tls }) => match tls.read() {
             Ok(tls) => exit(conformance::report(&dir, &store, tls.as_ref())),
             Err(e) => {

@@ -118,6 +118,25 @@ fn validate_summarises_each_valid_domain() {
 }
 
 #[test]
+fn validate_holds_descriptors_to_max_rule_depth() {
+    let dir = tempdir("validate-depth");
+    let file = dir.join("deep.yaml");
+    std::fs::write(
+        &file,
+        "domain: api\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    assert!(tollgate(&["validate", path]).status.success());
+    let out = tollgate(&["validate", "--max-rule-depth", "1", path]);
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stdout) + &text(&out.stderr),
+        format!("{path}:5:7: descriptors nest more than 1 levels deep (the rule files' limit)\n1 error(s)\n")
+    );
+}
+
+#[test]
 fn validate_names_a_missing_path() {
     let out = tollgate(&["validate", "/nonexistent/rules.yaml"]);
     assert_eq!(out.status.code(), Some(1));

@@ -166,6 +166,7 @@ mod errors {
             &[&dir],
             super::LoadOptions {
                 merge_domains: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -215,6 +216,101 @@ mod errors {
                 .line,
             5
         );
+    }
+
+    /// A rule file whose descriptors nest `depth` levels deep.
+    fn nested(depth: usize) -> String {
+        let mut text = String::from("domain: d\ndescriptors:\n");
+        for level in 0..depth {
+            let pad = "  ".repeat(level * 2 + 1);
+            text.push_str(&format!("{pad}- key: k{level}\n{pad}  descriptors:\n"));
+        }
+        let pad = "  ".repeat(depth * 2 + 1);
+        text.push_str(&format!(
+            "{pad}- key: leaf\n{pad}  rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        ));
+        text
+    }
+
+    #[test]
+    fn descriptors_nest_at_most_the_depth_cap() {
+        // 64 levels below the domain (the default cap) load; 65 are refused where the
+        // 65th begins.
+        assert!(super::from_str("f.yaml", &nested(63)).is_ok());
+        let e = errors(&nested(64));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].ends_with("descriptors nest more than 64 levels deep (the rule files' limit)"),
+            "{e:?}"
+        );
+        assert!(e[0].starts_with("131:259:"), "{e:?}");
+    }
+
+    #[test]
+    fn the_nesting_estimate_skips_quotes_comments_and_block_scalars() {
+        let deep = |s: &str| "[".repeat(200) + s;
+        let fine = format!(
+            "domain: d\ndescriptors:\n  - key: k  # {c}\n    metadata:\n      quoted: \"{q}\"\n      single: '{q}'\n      text: |\n{b}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n",
+            c = deep(""),
+            q = deep(""),
+            b = (1..300).map(|i| format!("{}x\n", " ".repeat(6 + i))).collect::<String>()
+        );
+        assert!(super::from_str("f.yaml", &fine).is_ok(), "{fine}");
+        // Lists opened inside one line count, one level each.
+        let dashes = format!("domain: d\ndescriptors:\n  {}x\n", "- ".repeat(200));
+        let e = errors(&dashes);
+        assert_eq!(
+            e,
+            ["3:3: the YAML nests more than 160 levels deep (the rule files' limit)"]
+        );
+    }
+
+    #[test]
+    fn a_deep_file_is_an_error_on_a_small_stack_not_a_crash() {
+        // 1,200 levels (2.9 MB) crashed a reload on a tokio worker's 2 MiB stack. The
+        // whole load runs here on such a stack: an overflow would abort the test binary.
+        let text = nested(1200);
+        let dir = tempdir("deep");
+        std::fs::write(dir.join("deep.yaml"), &text).unwrap();
+        // The deepest a file may be, with the cap at its maximum, reads on such a stack.
+        let deepest = tempdir("deepest");
+        std::fs::write(
+            deepest.join("deepest.yaml"),
+            nested(tollgate::rules::MAX_MAX_DEPTH - 1),
+        )
+        .unwrap();
+        let flow = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {}{}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n",
+            "[".repeat(150),
+            "]".repeat(150)
+        );
+        let loaded = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let from_text = super::from_str("deep.yaml", &text).map(|_| ());
+                let from_dir = super::load(&[&dir], super::LoadOptions::default()).map(|_| ());
+                let widest = super::LoadOptions {
+                    max_depth: tollgate::rules::MAX_MAX_DEPTH,
+                    ..Default::default()
+                };
+                let deepest = super::load(&[&deepest], widest);
+                let flow = super::from_str("flow.yaml", &flow).map(|_| ());
+                (from_text, from_dir, deepest.map(|_| ()), flow)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        for result in [loaded.0, loaded.1] {
+            let e = result.unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("levels deep (the rule files' limit)"),
+                "{e}"
+            );
+        }
+        assert_eq!(loaded.2, Ok(()));
+        // Deep inside `metadata` is the YAML's own nesting: within its limit, read.
+        assert!(loaded.3.is_ok() || !loaded.3.unwrap_err().to_string().contains("deep"));
     }
 
     #[test]

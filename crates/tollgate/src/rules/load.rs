@@ -8,12 +8,34 @@ use super::error::{ConfigError, ConfigErrors};
 use super::tree::RuleSet;
 use super::yaml::{compile, DraftDomain, Reader};
 
+/// How deep `descriptors` lists may nest unless [`LoadOptions::max_depth`] says
+/// otherwise: far beyond any real rule tree, and bounded so that reading a file cannot
+/// exhaust a thread's stack.
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+
+/// The deepest [`LoadOptions::max_depth`] may be: what keeps the YAML reader, which
+/// recurses once per level, within a 2 MiB thread stack.
+pub const MAX_MAX_DEPTH: usize = 100;
+
 /// How a rule set is assembled from several files.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Let several files define the same domain; their descriptors are combined (a
     /// descriptor defined twice is still an error). Off: a domain in two files is an error.
     pub merge_domains: bool,
+    /// How many `descriptors` lists deep a file may nest (the domain's own list is the
+    /// first); deeper is an error at the list that passes it. [`DEFAULT_MAX_DEPTH`];
+    /// at most [`MAX_MAX_DEPTH`] (a larger value counts as that).
+    pub max_depth: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            merge_domains: false,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
 }
 
 /// Loads every rule file named by `paths`: files as they are, directories by their
@@ -99,7 +121,7 @@ fn build(
 ) -> Result<RuleSet, ConfigErrors> {
     let mut by_domain: BTreeMap<String, Vec<DraftDomain>> = BTreeMap::new();
     for (name, text) in files {
-        let mut reader = Reader::new(name);
+        let mut reader = Reader::with_max_depth(name, options.max_depth.min(MAX_MAX_DEPTH));
         let draft = reader.read(text);
         errors.extend(reader.into_errors());
         if let Some(draft) = draft {

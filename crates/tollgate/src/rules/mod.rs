@@ -69,7 +69,7 @@ mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
-pub use load::{from_str, load, rule_files, LoadOptions};
+pub use load::{from_str, load, rule_files, LoadOptions, DEFAULT_MAX_DEPTH, MAX_MAX_DEPTH};
 pub use metadata::Metadata;
 pub use reload::{summary, BeforeSwap, ReloadOutcome, Rules};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};

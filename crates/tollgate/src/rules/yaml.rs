@@ -119,14 +119,24 @@ pub(crate) struct Reader<'a> {
     file: &'a str,
     errors: Vec<ConfigError>,
     lines: Vec<String>,
+    /// How many `descriptors` lists deep the reading is, and how deep they may go.
+    depth: usize,
+    max_depth: usize,
 }
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(file: &'a str) -> Self {
+        Self::with_max_depth(file, super::DEFAULT_MAX_DEPTH)
+    }
+
+    /// A reader that refuses `descriptors` lists nested more than `max_depth` deep.
+    pub(crate) fn with_max_depth(file: &'a str, max_depth: usize) -> Self {
         Self {
             file,
             errors: Vec::new(),
             lines: Vec::new(),
+            depth: 0,
+            max_depth,
         }
     }
 
@@ -181,7 +191,9 @@ impl<'a> Reader<'a> {
     pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
         let text = without_bom(text);
         self.lines = text.lines().map(str::to_string).collect();
-        if let Some((line, column, message)) = forbidden_character(text) {
+        let unreadable =
+            forbidden_character(text).or_else(|| too_deep(text, yaml_depth(self.max_depth)));
+        if let Some((line, column, message)) = unreadable {
             self.errors.push(ConfigError {
                 file: self.file.to_string(),
                 line,
@@ -313,9 +325,23 @@ impl<'a> Reader<'a> {
             self.error(node.span(), "`descriptors` must be a list");
             return Vec::new();
         };
-        seq.iter()
+        // The reading, the rule tree and its compilation all recurse once per level:
+        // bounded here, so that no file can exhaust a thread's stack.
+        if self.depth >= self.max_depth {
+            let max = self.max_depth;
+            self.error(
+                node.span(),
+                format!("descriptors nest more than {max} levels deep (the rule files' limit)"),
+            );
+            return Vec::new();
+        }
+        self.depth += 1;
+        let rules = seq
+            .iter()
             .filter_map(|item| self.descriptor(item))
-            .collect()
+            .collect();
+        self.depth -= 1;
+        rules
     }
 
     fn descriptor(&mut self, node: &Node) -> Option<DraftRule> {
@@ -765,6 +791,109 @@ fn forbidden_character(text: &str) -> Option<(usize, usize, String)> {
     ))
 }
 
+/// How deep the YAML of a rule file may nest, whatever `descriptors` allows: each
+/// descriptor level is two YAML levels (a list and a mapping), [`MAX_MAX_DEPTH`] of them
+/// and room for the fields inside the deepest. The YAML reader recurses once per level;
+/// this bound is what keeps it within any thread's stack (tokio's 2 MiB workers, where
+/// reloads run, included).
+pub(crate) const MAX_YAML_DEPTH: usize = 2 * super::MAX_MAX_DEPTH + 32;
+
+/// How deep the YAML may nest for `descriptors` lists `max_depth` deep: two levels per
+/// descriptor level, room for the fields of the deepest, never past [`MAX_YAML_DEPTH`].
+fn yaml_depth(max_depth: usize) -> usize {
+    (2 * max_depth + 32).min(MAX_YAML_DEPTH)
+}
+
+/// Where the YAML of `text` first nests deeper than `limit` levels, as (line, column,
+/// message), found without parsing: block levels from the indentation (and each `- `
+/// that opens a list inside a line), flow levels from brackets outside quotes and
+/// comments. An upper estimate for ordinary files (a block scalar's lines are skipped),
+/// linear in the text.
+fn too_deep(text: &str, limit: usize) -> Option<(usize, usize, String)> {
+    let message =
+        || format!("the YAML nests more than {limit} levels deep (the rule files' limit)");
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    // A quoted scalar that goes on past the end of its line: `'` or `"`.
+    let mut quote: Option<char> = None;
+    // The indentation a block scalar's lines (`|`, `>`) are deeper than.
+    let mut block_scalar: Option<usize> = None;
+    for (number, line) in text.lines().enumerate() {
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let content = &line[indent..];
+        if let Some(parent) = block_scalar {
+            if content.is_empty() || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        let mut chars = content.char_indices().peekable();
+        if quote.is_none() && flow == 0 {
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            // `- - x`: each dash opens a list inside the line.
+            while let Some(&(at, '-')) = chars.peek() {
+                let next = content[at + 1..].chars().next();
+                if !matches!(next, None | Some(' ' | '\t')) {
+                    break;
+                }
+                chars.next();
+                while chars.next_if(|&(_, c)| c == ' ' || c == '\t').is_some() {}
+                indents.push(indent + at + 2);
+            }
+        }
+        if indents.len() + flow > limit {
+            return Some((number + 1, indent + 1, message()));
+        }
+        let mut previous = ' ';
+        while let Some((at, c)) = chars.next() {
+            match quote {
+                Some('"') => match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '"' => quote = None,
+                    _ => {}
+                },
+                Some(_) => {
+                    if c == '\'' && chars.next_if(|&(_, c)| c == '\'').is_none() {
+                        quote = None;
+                    }
+                }
+                None => match c {
+                    '"' | '\'' if matches!(previous, ' ' | '\t' | '[' | '{' | ',' | ':') => {
+                        quote = Some(c);
+                    }
+                    '#' if matches!(previous, ' ' | '\t') => break,
+                    '[' | '{' => {
+                        flow += 1;
+                        if indents.len() + flow > limit {
+                            let column = indent + content[..at].chars().count() + 1;
+                            return Some((number + 1, column, message()));
+                        }
+                    }
+                    ']' | '}' => flow = flow.saturating_sub(1),
+                    '|' | '>' if flow == 0 && matches!(previous, ' ' | '\t' | ':') => {
+                        // A block scalar header ends the line's structure (`key: |-`).
+                        let rest = content[at + 1..].trim_end();
+                        if rest.chars().all(|c| matches!(c, '-' | '+' | '0'..='9')) {
+                            block_scalar = Some(indent);
+                        }
+                    }
+                    _ => {}
+                },
+            }
+            previous = c;
+        }
+    }
+    None
+}
+
 /// YAML's null: a plain (unquoted) empty value, `~` or `null`.
 fn is_null(scalar: &MarkedScalarNode) -> bool {
     scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
@@ -776,7 +905,8 @@ fn is_null(scalar: &MarkedScalarNode) -> bool {
 #[cfg(feature = "tower")]
 pub(crate) fn yaml_error(file: &str, text: &str) -> Option<ConfigError> {
     let text = without_bom(text);
-    if let Some((line, column, message)) = forbidden_character(text) {
+    let unreadable = forbidden_character(text).or_else(|| too_deep(text, MAX_YAML_DEPTH));
+    if let Some((line, column, message)) = unreadable {
         return Some(ConfigError {
             file: file.to_string(),
             line,
