@@ -191,8 +191,7 @@ impl<'a> Reader<'a> {
     pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
         let text = without_bom(text);
         self.lines = text.lines().map(str::to_string).collect();
-        let unreadable =
-            forbidden_character(text).or_else(|| too_deep(text, yaml_depth(self.max_depth)));
+        let unreadable = forbidden_character(text).or_else(|| too_deep(text, MAX_YAML_DEPTH));
         if let Some((line, column, message)) = unreadable {
             self.errors.push(ConfigError {
                 file: self.file.to_string(),
@@ -791,18 +790,13 @@ fn forbidden_character(text: &str) -> Option<(usize, usize, String)> {
     ))
 }
 
-/// How deep the YAML of a rule file may nest, whatever `descriptors` allows: each
-/// descriptor level is two YAML levels (a list and a mapping), [`MAX_MAX_DEPTH`] of them
-/// and room for the fields inside the deepest. The YAML reader recurses once per level;
-/// this bound is what keeps it within any thread's stack (tokio's 2 MiB workers, where
-/// reloads run, included).
+/// How deep the YAML of a rule file may nest, whatever `--max-rule-depth` says (both
+/// readers of a file, the rules' and the gateway's, hold it to this one bound, so that
+/// they report it once): each descriptor level is two YAML levels (a list and a
+/// mapping), [`MAX_MAX_DEPTH`] of them and room for the fields inside the deepest. The
+/// YAML reader recurses once per level; this bound is what keeps it within any
+/// thread's stack (tokio's 2 MiB workers, where reloads run, included).
 pub(crate) const MAX_YAML_DEPTH: usize = 2 * super::MAX_MAX_DEPTH + 32;
-
-/// How deep the YAML may nest for `descriptors` lists `max_depth` deep: two levels per
-/// descriptor level, room for the fields of the deepest, never past [`MAX_YAML_DEPTH`].
-fn yaml_depth(max_depth: usize) -> usize {
-    (2 * max_depth + 32).min(MAX_YAML_DEPTH)
-}
 
 /// Where the YAML of `text` first nests deeper than `limit` levels, as (line, column,
 /// message), found without parsing: block levels from the indentation (and each `- `
