@@ -136,6 +136,46 @@ async fn limits_answer_429_with_the_draft_headers_and_a_problem_body() {
     }
 }
 
+/// Sends `request` (raw HTTP/1.1) on a new connection; the status code of the answer.
+async fn raw_status(addr: &str, request: &str) -> u16 {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = s.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn ambiguous_headers_are_refused_not_forwarded() {
+    let (up, proxy) = gateway("ambiguous", &[]).await;
+    // A revoked key sent second met no deny list before: the first one was read.
+    let twice =
+        "GET /keyed/x HTTP/1.1\r\nhost: t\r\nx-api-key: fresh\r\nx-api-key: revoked\r\n\r\n";
+    assert_eq!(raw_status(&proxy.addr, twice).await, 400);
+    // Two Host headers, or none on HTTP/1.1 (RFC 9112 §3.2).
+    let hosts = "GET /search HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n";
+    assert_eq!(raw_status(&proxy.addr, hosts).await, 400);
+    let no_host = "GET /search HTTP/1.1\r\n\r\n";
+    assert_eq!(raw_status(&proxy.addr, no_host).await, 400);
+    // A header no rule reads may repeat; one key once is served.
+    let fine =
+        "GET /keyed/y HTTP/1.1\r\nhost: t\r\nx-api-key: fresh\r\naccept: a\r\naccept: b\r\n\r\n";
+    assert_eq!(raw_status(&proxy.addr, fine).await, 200);
+    let forwarded: Vec<String> = up
+        .arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.0.clone())
+        .collect();
+    assert_eq!(forwarded, ["/keyed/y"]);
+}
+
 #[tokio::test]
 async fn forwarded_for_is_believed_only_from_trusted_proxies() {
     let (up, proxy) = gateway("xff", &[]).await;

@@ -28,7 +28,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use super::actions::{descriptor, RequestView};
 use super::body::PermitBody;
 use super::client_ip::client_ip;
-use super::config::{AccessList, Fallback, HttpRules};
+use super::config::{AccessList, Action, Fallback, HttpRules};
 use super::headers::{append_to, headers, problem_body};
 use super::layer::Gate;
 use crate::inflight::{InFlight, Permit};
@@ -129,6 +129,9 @@ fn peer(request: &Parts) -> IpAddr {
 
 async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Verdict {
     let sections = gate.sections();
+    if let Some(why) = ambiguous(request, &sections) {
+        return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
+    }
     let peer = peer(request);
     let (mut delay, mut out_headers, mut permits) = (Duration::ZERO, Vec::new(), Vec::new());
     for section in sections.iter() {
@@ -224,6 +227,42 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
 }
 
 /// Whether the client address or a value the route's actions would build is listed.
+/// Why `request` cannot be decided on, if it cannot: its `Host` is missing (HTTP/1.1)
+/// or repeated (RFC 9112 §3.2 says 400), or a header that a rule reads comes more than
+/// once, so that a deny list could meet one value and the upstream act on the other.
+fn ambiguous(request: &Parts, sections: &[HttpRules]) -> Option<String> {
+    let hosts = request.headers.get_all(http::header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && request.version == http::Version::HTTP_11) {
+        return Some("an HTTP/1.1 request carries exactly one Host header".to_string());
+    }
+    let repeated = |name: &str| request.headers.get_all(name).iter().nth(1).is_some();
+    let refuse = |name: &str| {
+        Some(format!(
+            "the header `{name}` comes more than once, and the gateway's rules read it: send it once"
+        ))
+    };
+    for route in sections.iter().flat_map(|s| &s.routes) {
+        let lists = route.rate_limits.iter().map(|l| &l.actions);
+        for action in lists
+            .chain(route.max_in_flight.iter().map(|m| &m.actions))
+            .flatten()
+        {
+            match action {
+                Action::RequestHeaders { header_name, .. } if repeated(header_name) => {
+                    return refuse(header_name);
+                }
+                Action::HeaderValueMatch { headers, .. } => {
+                    if let Some(m) = headers.iter().find(|m| repeated(&m.name)) {
+                        return refuse(&m.name);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
 fn listed(list: &AccessList, view: &RequestView<'_>, section: &HttpRules) -> bool {
     if list.is_empty() {
         return false;
