@@ -136,6 +136,31 @@ async fn limits_answer_429_with_the_draft_headers_and_a_problem_body() {
     }
 }
 
+#[tokio::test]
+async fn a_gateway_without_routes_says_so_at_start() {
+    let (_up, addr) = start_upstream().await;
+    let dir = tempdir("no-routes");
+    std::fs::write(
+        dir.join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let log = dir.join("proxy.log");
+    let proxy = Proxy::start_logging(&dir, &format!("http://{addr}"), &[], &log).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("no rule file has an `http` section with routes: the gateway limits nothing"),
+        "{said}"
+    );
+    drop(proxy);
+    // With routes, no such warning.
+    std::fs::write(dir.join("api.yaml"), EDGE).unwrap();
+    let proxy = Proxy::start_logging(&dir, &format!("http://{addr}"), &[], &log).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!said.contains("limits nothing"), "{said}");
+    drop(proxy);
+}
+
 /// Sends `request` (raw HTTP/1.1) on a new connection; the status code of the answer.
 async fn raw_status(addr: &str, request: &str) -> u16 {
     use tokio::io::AsyncWriteExt;

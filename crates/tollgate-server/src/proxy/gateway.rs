@@ -153,6 +153,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if layer.route_count() == 0 {
+        warn!("no rule file has an `http` section with routes: the gateway limits nothing and forwards every request (`serve` reads the same files without one)");
+    }
     let count = workers::count(args.common.workers);
     let listener = match TcpListener::bind(args.listen).await {
         Ok(l) => l,

@@ -218,10 +218,23 @@ impl Proxy {
     /// extra `args`, and waits until it accepts connections (on new ports if it exits
     /// at start, as [`Server::start`] does).
     pub async fn start(rules: &Path, upstream: &str, args: &[&str]) -> Proxy {
+        Self::start_inner(rules, upstream, args, None).await
+    }
+
+    /// [`Proxy::start`], with the gateway's log (its standard error) written to `log`.
+    pub async fn start_logging(rules: &Path, upstream: &str, args: &[&str], log: &Path) -> Proxy {
+        Self::start_inner(rules, upstream, args, Some(log)).await
+    }
+
+    async fn start_inner(rules: &Path, upstream: &str, args: &[&str], log: Option<&Path>) -> Proxy {
         let mut exits = Vec::new();
         for _ in 0..5 {
             let addr = format!("127.0.0.1:{}", free_port());
-            let child = spawn_tollgate(
+            let stderr = match log {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            };
+            let child = spawn_tollgate_with(
                 &[
                     "proxy",
                     "--config",
@@ -232,6 +245,7 @@ impl Proxy {
                     upstream,
                 ],
                 args,
+                stderr,
             );
             // Killed by Drop if it never listens.
             let mut proxy = Proxy {

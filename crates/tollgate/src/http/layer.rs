@@ -142,6 +142,14 @@ impl<S, I> RateLimitLayer<S, I> {
     }
 }
 
+impl<S: Store, I> RateLimitLayer<S, I> {
+    /// How many routes the `http` sections have now: with none, the layer limits
+    /// nothing (every request passes through).
+    pub fn route_count(&self) -> usize {
+        self.gate.sections().iter().map(|s| s.routes.len()).sum()
+    }
+}
+
 impl<S: Store, I> Gate<S, I> {
     /// The current `http` sections, read again first if the rules have reloaded. A
     /// section that no longer reads keeps the old one serving (and is logged).
