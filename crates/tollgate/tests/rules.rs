@@ -316,6 +316,18 @@ mod errors {
     }
 
     #[test]
+    fn a_lockout_is_at_most_a_year() {
+        let rule = |block: &str| {
+            format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1, block_duration: {block}}}\n")
+        };
+        assert!(super::from_str("f.yaml", &rule("365d")).is_ok());
+        assert_eq!(
+            errors(&rule("99999999999d")),
+            ["4:70: `block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)"]
+        );
+    }
+
+    #[test]
     fn a_byte_order_mark_is_skipped() {
         let text = "\u{feff}domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
         let set = super::from_str("f.yaml", text).unwrap();

@@ -32,7 +32,7 @@
 //! Tollgate's extensions, inside a rate limit: `algorithm` (`fixed_window` by default,
 //! `sliding_window`, `sliding_log`, `token_bucket`, `gcra`, `leaky_bucket`), `burst`,
 //! `mode` (`meter` or `queue`, leaky bucket only), `block_duration` (`15m`, `900s`,
-//! `1h`, `1d`), `overage_percent` (soft throttling); and on a descriptor, `rate_limits:`
+//! `1h`, `1d`; at most a year), `overage_percent` (soft throttling); and on a descriptor, `rate_limits:`
 //! (a list of limits that must all pass) instead of `rate_limit:`.
 //!
 //! `charge_rejected` (`none`, `over_limit` or `all`), on a domain or a descriptor and

@@ -700,7 +700,11 @@ impl<'a> Reader<'a> {
         }
         if let Some(n) = map.get_node("block_duration") {
             match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
-                Some(d) => spec.block = d,
+                Some(d) if d <= MAX_BLOCK => spec.block = d,
+                Some(_) => self.error(
+                    n.span(),
+                    "`block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)",
+                ),
                 None => self.error(
                     n.span(),
                     "`block_duration` must be a duration such as 900s, 15m, 1h or 1d",
@@ -914,6 +918,9 @@ pub(crate) fn yaml_error(file: &str, text: &str) -> Option<ConfigError> {
     reader.yaml_error(e);
     reader.errors.pop()
 }
+
+/// The longest `block_duration`: a year.
+const MAX_BLOCK: Duration = Duration::from_secs(365 * 86_400);
 
 /// Parses `900s`, `15m`, `1h`, `1d`, `500ms` or a plain number of seconds.
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
