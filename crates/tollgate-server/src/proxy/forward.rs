@@ -212,6 +212,12 @@ impl Upstream {
     /// `502`/`504` problem response when the upstream could not answer.
     async fn forward(self, req: Request<Body>) -> Response<Body> {
         let inner = &self.inner;
+        // RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host (a repeated one is
+        // refused before the decision, by the rate limit layer).
+        if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+            let detail = "an HTTP/1.1 request carries exactly one Host header";
+            return problem(StatusCode::BAD_REQUEST, detail);
+        }
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
@@ -819,7 +825,10 @@ mod tests {
         let svc = upstream(addr, "");
 
         // Download: count and check the bytes frame by frame.
-        let req = Request::get("/download").body(Body::empty()).unwrap();
+        let req = Request::get("/download")
+            .header("host", "client.example")
+            .body(Body::empty())
+            .unwrap();
         let resp = svc.clone().oneshot(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         let mut body = resp.into_body();
@@ -840,6 +849,7 @@ mod tests {
 
         // Upload: a streamed request body of unknown length.
         let req = Request::post("/upload")
+            .header("host", "client.example")
             .body(Body::new(Chunked {
                 left: CHUNKS,
                 chunk: CHUNK,
@@ -857,7 +867,10 @@ mod tests {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.local_addr().unwrap()
         };
-        let req = Request::get("/").body(Body::empty()).unwrap();
+        let req = Request::get("/")
+            .header("host", "client.example")
+            .body(Body::empty())
+            .unwrap();
         let resp = upstream(addr, "").oneshot(req).await.unwrap();
         let (status, problem) = problem_of(resp).await;
         assert_eq!(status, StatusCode::BAD_GATEWAY);
@@ -877,7 +890,10 @@ mod tests {
             let _ = read_head(&mut stream).await;
             drop(stream);
         });
-        let req = Request::get("/").body(Body::empty()).unwrap();
+        let req = Request::get("/")
+            .header("host", "client.example")
+            .body(Body::empty())
+            .unwrap();
         let resp = upstream(addr, "").oneshot(req).await.unwrap();
         let (status, problem) = problem_of(resp).await;
         assert_eq!(status, StatusCode::BAD_GATEWAY);
@@ -904,7 +920,10 @@ mod tests {
         };
         let svc = Upstream::new(&format!("http://{addr}"), settings).unwrap();
         let started = Instant::now();
-        let req = Request::get("/").body(Body::empty()).unwrap();
+        let req = Request::get("/")
+            .header("host", "client.example")
+            .body(Body::empty())
+            .unwrap();
         let resp = svc.oneshot(req).await.unwrap();
         let (status, problem) = problem_of(resp).await;
         assert!(started.elapsed() < Duration::from_secs(5));
