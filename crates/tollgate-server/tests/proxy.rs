@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
-use support::upstream::{raw_get, start_upstream, wait_for_200, Upstream};
+use support::upstream::{raw_get, raw_request, start_upstream, wait_for_200, Upstream};
 use support::{tempdir, Proxy};
 use tokio::io::AsyncReadExt;
 
@@ -161,18 +161,9 @@ async fn a_gateway_without_routes_says_so_at_start() {
     drop(proxy);
 }
 
-/// Sends `request` (raw HTTP/1.1) on a new connection; the status code of the answer.
+/// The status code of the answer to `request` (raw HTTP/1.1) on a new connection.
 async fn raw_status(addr: &str, request: &str) -> u16 {
-    use tokio::io::AsyncWriteExt;
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = vec![0u8; 2048];
-    let n = s.read(&mut buf).await.unwrap();
-    let head = String::from_utf8_lossy(&buf[..n]).to_string();
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    raw_request(addr, request).await.0
 }
 
 #[tokio::test]
@@ -191,14 +182,7 @@ async fn ambiguous_headers_are_refused_not_forwarded() {
     let fine =
         "GET /keyed/y HTTP/1.1\r\nhost: t\r\nx-api-key: fresh\r\naccept: a\r\naccept: b\r\n\r\n";
     assert_eq!(raw_status(&proxy.addr, fine).await, 200);
-    let forwarded: Vec<String> = up
-        .arrivals
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|a| a.0.clone())
-        .collect();
-    assert_eq!(forwarded, ["/keyed/y"]);
+    assert_eq!(up.paths(), ["/keyed/y"]);
 }
 
 #[tokio::test]
@@ -298,14 +282,7 @@ async fn deny_lists_lockouts_and_fallbacks() {
         .unwrap()
         .contains(";r=0;"));
     assert_eq!(degraded.text().await.unwrap(), r#"{"results":[]}"#);
-    let upstream_paths: Vec<String> = up
-        .arrivals
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|a| a.0.clone())
-        .collect();
-    assert_eq!(upstream_paths, ["/keyed/x", "/keyed/x", "/search"]);
+    assert_eq!(up.paths(), ["/keyed/x", "/keyed/x", "/search"]);
 }
 
 #[tokio::test]

@@ -19,6 +19,18 @@ pub struct Upstream {
     pub arrivals: Arc<Mutex<Vec<Arrival>>>,
 }
 
+impl Upstream {
+    /// The paths of the requests that reached the upstream, in order.
+    pub fn paths(&self) -> Vec<String> {
+        self.arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|a| a.0.clone())
+            .collect()
+    }
+}
+
 pub async fn upstream_handler(State(up): State<Upstream>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let xff = req
@@ -55,10 +67,14 @@ pub async fn start_upstream() -> (Upstream, SocketAddr) {
 
 /// Sends a raw GET and returns the status line's code and the open stream.
 pub async fn raw_get(addr: &str, path: &str) -> (u16, tokio::net::TcpStream) {
+    raw_request(addr, &format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n")).await
+}
+
+/// Sends `request` (raw HTTP/1.1, written as given) on a new connection and returns
+/// the status line's code and the open stream.
+pub async fn raw_request(addr: &str, request: &str) -> (u16, tokio::net::TcpStream) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 1024];
     let n = s.read(&mut buf).await.unwrap();
     let head = String::from_utf8_lossy(&buf[..n]).to_string();
