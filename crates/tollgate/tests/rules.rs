@@ -362,12 +362,34 @@ mod errors {
         assert_eq!(tollgate::http::config::load(&[&dir]).unwrap_err(), rules);
     }
 
-    pub(super) fn tempdir(name: &str) -> std::path::PathBuf {
+    /// A directory of its own for one test, removed when the test ends.
+    pub(super) struct TempDir(std::path::PathBuf);
+
+    impl std::ops::Deref for TempDir {
+        type Target = std::path::PathBuf;
+        fn deref(&self) -> &std::path::PathBuf {
+            &self.0
+        }
+    }
+
+    impl AsRef<std::path::Path> for TempDir {
+        fn as_ref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    pub(super) fn tempdir(name: &str) -> TempDir {
         let dir =
             std::env::temp_dir().join(format!("tollgate-rules-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        TempDir(dir)
     }
 }
 
