@@ -1,5 +1,5 @@
-//! The client address from `X-Forwarded-For` / `Forwarded` through trusted proxies: any
-//! header values give an address, never a panic.
+//! The client address from `X-Forwarded-For` or `Forwarded` through trusted proxies: any
+//! header values give an address, never a panic; and any address a key.
 #![no_main]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -32,5 +32,8 @@ fuzz_target!(|data: &[u8]| {
         ],
     };
     let peer = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-    let _ = tollgate::http::client_ip::client_ip(peer, &headers, &trusted);
+    for name in &names {
+        let ip = tollgate::http::client_ip::client_ip(peer, &headers, name, &trusted);
+        let _ = tollgate::http::client_ip::client_key(ip, choice % 130);
+    }
 });

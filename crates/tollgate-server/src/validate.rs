@@ -6,24 +6,11 @@ use std::path::PathBuf;
 use tollgate::rules::{load, ConfigError, LoadOptions};
 
 /// Validates the rule files at `paths`; prints errors to stderr or a summary per domain
-/// to stdout. Returns whether everything was valid.
+/// (and per gateway section) to stdout. Returns whether everything was valid.
 ///
-/// The rules and the `http` sections are read by two readers; a problem both find (a
-/// file that is not valid YAML, a missing path) is printed once.
+/// One reader reads the rules and the `http` sections, so each problem is printed once.
 pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
     let mut errors: Vec<ConfigError> = Vec::new();
-    match tollgate::http::config::load(paths) {
-        Ok(sections) => {
-            for s in &sections {
-                println!(
-                    "ok: gateway section of `{}`: {} routes",
-                    s.domain,
-                    s.routes.len()
-                );
-            }
-        }
-        Err(e) => errors.extend(e.0),
-    }
     match load(paths, options) {
         Ok(set) => {
             for domain in set.domains() {
@@ -33,6 +20,13 @@ pub fn run(paths: &[PathBuf], options: LoadOptions) -> bool {
                     domain.rule_count(),
                     domain.limit_count(),
                     domain.files.join(", ")
+                );
+            }
+            for s in set.http() {
+                println!(
+                    "ok: gateway section of `{}`: {} routes",
+                    s.domain,
+                    s.routes.len()
                 );
             }
             if set.domains().is_empty() {

@@ -36,11 +36,12 @@ fn measure(f: impl FnOnce()) -> Work {
 }
 
 /// A parser's bound: at most `bytes_per_byte` bytes allocated and one allocation per
-/// `bytes_per_alloc` input bytes, beyond a fixed `slack` (buffers set up once).
+/// `allocs_per_kib` allocations per KiB of input, beyond a fixed `slack` (buffers set up
+/// once).
 #[derive(Debug, Clone, Copy)]
 struct Bound {
     bytes_per_byte: u64,
-    bytes_per_alloc: u64,
+    allocs_per_kib: u64,
     slack_bytes: u64,
     slack_allocs: u64,
 }
@@ -57,11 +58,11 @@ impl Bound {
             self.slack_bytes
         );
         assert!(
-            work.allocs <= input / self.bytes_per_alloc + self.slack_allocs,
-            "{what}: {} input bytes made {} allocations (bound one per {} bytes + {})",
+            work.allocs <= input * self.allocs_per_kib / 1024 + self.slack_allocs,
+            "{what}: {} input bytes made {} allocations (bound {} per KiB + {})",
             input,
             work.allocs,
-            self.bytes_per_alloc,
+            self.allocs_per_kib,
             self.slack_allocs
         );
     }
@@ -111,7 +112,7 @@ fn linear(
 /// a fixed buffer set.
 const H2: Bound = Bound {
     bytes_per_byte: 8,
-    bytes_per_alloc: 8,
+    allocs_per_kib: 128,
     slack_bytes: 1 << 20,
     slack_allocs: 256,
 };
@@ -119,7 +120,7 @@ const H2: Bound = Bound {
 /// The decoder copies what it keeps (at most the caps' worth) and little else.
 const PROTOBUF: Bound = Bound {
     bytes_per_byte: 4,
-    bytes_per_alloc: 4,
+    allocs_per_kib: 256,
     slack_bytes: 64 << 10,
     slack_allocs: 64,
 };
@@ -128,15 +129,17 @@ const PROTOBUF: Bound = Bound {
 /// string measured before it is copied) and serde_json's scratch for one string.
 const JSON: Bound = Bound {
     bytes_per_byte: 4,
-    bytes_per_alloc: 4,
+    allocs_per_kib: 256,
     slack_bytes: 64 << 10,
     slack_allocs: 1024,
 };
 
 /// The reader keeps a node tree of the file and then the rules; errors carry positions.
+/// A rule keeps its whole path from the domain (its stat key), so a tree nested `d`
+/// deep allocates in proportion to `d` per byte: the depth cap (64) bounds it.
 const RULES: Bound = Bound {
-    bytes_per_byte: 128,
-    bytes_per_alloc: 1,
+    bytes_per_byte: 256,
+    allocs_per_kib: 2048,
     slack_bytes: 256 << 10,
     slack_allocs: 1024,
 };
@@ -145,7 +148,7 @@ const RULES: Bound = Bound {
 /// the figure is the map the test builds) and the hops parsed from them.
 const CLIENT_IP: Bound = Bound {
     bytes_per_byte: 32,
-    bytes_per_alloc: 8,
+    allocs_per_kib: 128,
     slack_bytes: 16 << 10,
     slack_allocs: 64,
 };

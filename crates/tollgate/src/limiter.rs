@@ -485,8 +485,20 @@ impl<S: Store> Limiter<S> {
         request: &RateLimitRequest,
         budget: Option<std::time::Duration>,
     ) -> Result<RateLimitResponse, Error> {
+        self.check_in(&self.rules.current(), request, budget).await
+    }
+
+    /// Decides a request by the rules of `set` (a snapshot of [`rules`](Self::rules)
+    /// the caller already holds, e.g. the one its gateway routes came from) rather than
+    /// the current one: what the caller matched and what is checked cannot come from
+    /// two reloads.
+    pub async fn check_in(
+        &self,
+        set: &crate::rules::RuleSet,
+        request: &RateLimitRequest,
+        budget: Option<std::time::Duration>,
+    ) -> Result<RateLimitResponse, Error> {
         request.validate(&self.settings.limits)?;
-        let set = self.rules.current();
         let domain = set.domain(&request.domain).map(Arc::as_ref);
         let plan = plan(domain, request, self.settings);
         let override_keys = override_keys(&plan, request);

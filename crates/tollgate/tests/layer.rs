@@ -62,9 +62,7 @@ async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
     let file = rules_file("reload", &rules_for("/a"));
     let rules = Arc::new(Rules::load(vec![file.clone()], LoadOptions::default()).unwrap());
     let limiter = Arc::new(Limiter::new(Arc::clone(&rules), MemoryStore::new()));
-    let layer = RateLimitLayer::new(limiter)
-        .unwrap()
-        .with_legacy_headers(true);
+    let layer = RateLimitLayer::new(limiter).with_legacy_headers(true);
     let app = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
 
     assert_eq!(
@@ -85,7 +83,7 @@ async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
         (StatusCode::OK, None)
     );
 
-    // The route moves to /b: the layer reads the section again with the new rules.
+    // The route moves to /b: the sections come with the new rules.
     std::fs::write(&file, rules_for("/b")).unwrap();
     rules.reload().unwrap();
     assert_eq!(status(&app, "/a", "192.0.2.3:5").await.0, StatusCode::OK);
@@ -100,10 +98,14 @@ async fn the_http_section_follows_a_reload_and_a_broken_one_keeps_the_old() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
-    // Valid rules with a broken http section: the rules reload, the routes stay.
+    // A broken http section is a broken file: it does not load, with its place, and
+    // the rules and routes in force stay, together.
     let broken = rules_for("/c").replace("path_prefix", "path_prefx");
     std::fs::write(&file, broken).unwrap();
-    rules.reload().unwrap();
+    let e = rules.reload().unwrap_err();
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(e.0[0].line, 7, "{e}");
+    assert!(e.0[0].message.contains("`path_prefx`"), "{e}");
     assert_eq!(status(&app, "/b", "192.0.2.4:5").await.0, StatusCode::OK);
     assert_eq!(
         status(&app, "/b", "192.0.2.4:5").await.0,
@@ -144,7 +146,6 @@ async fn an_observer_is_told_of_every_decision_and_of_no_unlimited_request() {
     let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
     let seen = Arc::new(Seen::default());
     let layer = RateLimitLayer::new(limiter)
-        .unwrap()
         .with_observer(Arc::clone(&seen) as Arc<dyn tollgate::http::DecisionObserver>)
         .with_legacy_headers(true);
     let app = axum::Router::new().fallback(|| async { "ok" }).layer(layer);
@@ -187,7 +188,7 @@ http:
     let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
     let app = axum::Router::new()
         .fallback(|| async { "ok" })
-        .layer(RateLimitLayer::new(limiter).unwrap());
+        .layer(RateLimitLayer::new(limiter));
     let call = |key: String| {
         let mut req = Request::get("/")
             .header("x-api-key", key)

@@ -208,11 +208,12 @@ mod errors {
         // Tabs, CR LF line ends and other scripts are text.
         let fine = "domain: d\r\ndescriptors:\r\n  - key: \"é\t\"\r\n    rate_limit: {unit: second, requests_per_unit: 1}\r\n";
         assert!(super::from_str("f.yaml", fine).is_ok());
-        // The gateway's reader of the same files says the same.
+        // The gateway's sections come from the same read.
         #[cfg(feature = "tower")]
         assert_eq!(
             tollgate::http::config::from_str("f.yaml", text)
                 .unwrap_err()
+                .0[0]
                 .line,
             5
         );
@@ -327,6 +328,56 @@ mod errors {
         );
     }
 
+    /// A queue at 1 a year holding 4,294,967,295 requests put instants past what the
+    /// state holds: delays and remaining went backwards. Bucket numbers are bounded, with
+    /// the largest burst that works named.
+    #[test]
+    fn bucket_numbers_are_bounded_with_the_reason() {
+        let rule = |limit: &str| {
+            format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{limit}}}\n")
+        };
+        // The error is placed at the `burst` value.
+        let at_burst = |limit: &str, message: &str| {
+            let line = format!("    rate_limit: {{{limit}}}");
+            let column = line.find("burst: ").unwrap() + "burst: ".len() + 1;
+            assert_eq!(errors(&rule(limit)), [format!("4:{column}: {message}")]);
+        };
+        at_burst(
+            "unit: year, requests_per_unit: 1, algorithm: leaky_bucket, mode: queue, burst: 4294967295",
+            "a bucket of 4294967295 draining 1 per year takes more than 100 years to drain: make `burst` at most 100 (its state is an instant, kept exact within a century)",
+        );
+        at_burst(
+            "unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 101",
+            "a bucket of 101 draining 1 per year takes more than 100 years to drain: make `burst` at most 100 (its state is an instant, kept exact within a century)",
+        );
+        assert!(super::from_str(
+            "f.yaml",
+            &rule("unit: year, requests_per_unit: 1, algorithm: gcra, burst: 100")
+        )
+        .is_ok());
+        // A queue holds a request at most a day.
+        at_burst(
+            "unit: hour, requests_per_unit: 2, algorithm: leaky_bucket, mode: queue, burst: 50",
+            "a queue of 50 leaving 2 per hour holds its last request more than a day: make `burst` at most 49 (a queued request waits in memory, and no client waits that long)",
+        );
+        assert!(super::from_str(
+            "f.yaml",
+            &rule(
+                "unit: hour, requests_per_unit: 2, algorithm: leaky_bucket, mode: queue, burst: 49"
+            )
+        )
+        .is_ok());
+        // Windows have no such state; a bucket's default burst is its limit.
+        assert!(
+            super::from_str("f.yaml", &rule("unit: year, requests_per_unit: 4294967295")).is_ok()
+        );
+        assert!(super::from_str(
+            "f.yaml",
+            &rule("unit: year, requests_per_unit: 1, algorithm: token_bucket")
+        )
+        .is_ok());
+    }
+
     #[test]
     fn a_byte_order_mark_is_skipped() {
         let text = "\u{feff}domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
@@ -356,10 +407,12 @@ mod errors {
             rules.to_string(),
             format!("{file}:3:10: not valid YAML: while scanning a quoted scalar, found unexpected end of stream")
         );
-        // The gateway's reader of the same files reports the same problem word for word
-        // (not as a problem of its `http` section), so `tollgate validate` prints it once.
+        // The gateway's sections come from the same read: the same problem, once.
         #[cfg(feature = "tower")]
-        assert_eq!(tollgate::http::config::load(&[&dir]).unwrap_err(), rules);
+        assert_eq!(
+            tollgate::http::config::load(&[&dir], super::LoadOptions::default()).unwrap_err(),
+            rules
+        );
     }
 
     /// A directory of its own for one test, removed when the test ends.

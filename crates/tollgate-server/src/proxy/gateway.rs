@@ -133,25 +133,16 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let warmer = redis
         .clone()
         .map(|store| Warmer::install(store, &rules, warm_up_timeout));
-    let layer = match RateLimitLayer::new(Arc::clone(&service.limiter)) {
-        Ok(l) => {
-            let l = l
-                .with_inflight(inflight)
-                .with_legacy_headers(args.common.legacy_headers);
-            // Metrics cost a little per decision; only kept when someone can read them.
-            if args.admin_listen.is_some() {
-                l.with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>)
-            } else {
-                l
-            }
-        }
-        Err(errors) => {
-            for e in errors.iter() {
-                error!("{e}");
-            }
-            error!("the http sections are invalid; not starting");
-            return ExitCode::FAILURE;
-        }
+    // The routes come with the rules (one load, one swap): a file whose `http` section
+    // is invalid did not load, and the start stopped above.
+    let layer = RateLimitLayer::new(Arc::clone(&service.limiter))
+        .with_inflight(inflight)
+        .with_legacy_headers(args.common.legacy_headers);
+    // Metrics cost a little per decision; only kept when someone can read them.
+    let layer = if args.admin_listen.is_some() {
+        layer.with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>)
+    } else {
+        layer
     };
     if layer.route_count() == 0 {
         warn!("no rule file has an `http` section with routes: the gateway limits nothing and forwards every request (`serve` reads the same files without one)");

@@ -123,6 +123,7 @@ pub const CASES: &[Case] = &[
     case(Target::Json, "a long string", 128 << 10, long_string),
     case(Target::Rules, "many rules", 16 << 10, many_rules),
     case(Target::Rules, "deep nesting", 16 << 10, deep_yaml),
+    case(Target::Rules, "flow-style rule trees", 16 << 10, flow_trees),
     case(Target::Rules, "aliases", 16 << 10, yaml_aliases),
     case(Target::Rules, "many errors", 16 << 10, many_errors),
     case(
@@ -487,6 +488,23 @@ pub fn deep_yaml(n: usize) -> Vec<u8> {
     out
 }
 
+/// Valid rule trees written in flow style, each nested 60 descriptors deep (within the
+/// depth cap), side by side until the file is `n` bytes.
+pub fn flow_trees(n: usize) -> Vec<u8> {
+    let mut tree = String::from("{key: a, rate_limit: {unit: second, requests_per_unit: 1}}");
+    for _ in 0..60 {
+        tree = format!("{{key: a, descriptors: [{tree}]}}");
+    }
+    let mut out = String::from("domain: api\ndescriptors: [");
+    let mut i = 0;
+    while out.len() < n {
+        out.push_str(&format!("{{key: k{i}, descriptors: [{tree}]}}, "));
+        i += 1;
+    }
+    out.push_str("]\n");
+    out.into_bytes()
+}
+
 /// "Billion laughs": each alias level doubles what an expanding reader would build.
 pub fn yaml_aliases(n: usize) -> Vec<u8> {
     let mut out = String::from("a0: &a0 [x, x, x, x, x, x, x, x]\n");
@@ -529,7 +547,9 @@ pub fn client_ip(lines: &[u8]) {
         "::/0".parse().expect("a net"),
     ];
     let peer = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-    let _ = tollgate::http::client_ip::client_ip(peer, &headers, &everyone);
+    for name in &names {
+        let _ = tollgate::http::client_ip::client_ip(peer, &headers, name, &everyone);
+    }
 }
 
 pub fn long_forwarded_for(n: usize) -> Vec<u8> {

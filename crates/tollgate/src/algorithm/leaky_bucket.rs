@@ -131,7 +131,44 @@ impl LeakyBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     const MS: u64 = 1_000_000;
+
+    proptest! {
+        /// At the largest numbers a rule file accepts (a full bucket drains within 100
+        /// years, a queue holds a request at most a day) and any instant of the next
+        /// century, requests at one instant get answers that only move one way:
+        /// remaining down, reset and (queue) delay up.
+        #[test]
+        fn answers_stay_monotone_at_the_bounds_rule_files_allow(
+            limit in 1u64..=u64::from(u32::MAX),
+            unit in prop::sample::select(vec![1u64, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000]),
+            queue: bool,
+            costs in prop::collection::vec(0.0f64..=0.6, 1..12),
+            years in 0u64..100,
+        ) {
+            let most = if queue { 86_400u128 * u128::from(limit) / u128::from(unit) + 1 } else { 100 * 31_536_000u128 * u128::from(limit) / u128::from(unit) };
+            let burst = u64::try_from(most).unwrap_or(u64::MAX).min(u64::from(u32::MAX)).max(1);
+            let mode = if queue { LeakyMode::Queue } else { LeakyMode::Meter };
+            let bucket = LeakyBucket::new(limit, Duration::from_secs(unit), mode).with_burst(burst);
+            let now = 1_790_000_000 * 1_000_000_000 + years * 31_536_000 * 1_000_000_000;
+            let mut state = KeyState::default();
+            let mut last: Option<Decision> = None;
+            for fraction in costs {
+                let cost = ((burst as f64 * fraction) as u64).max(1);
+                let d = bucket.check(&mut state, now, cost);
+                if let Some(prev) = last {
+                    prop_assert!(d.remaining <= prev.remaining, "{prev:?} then {d:?}");
+                    prop_assert!(d.reset_after >= prev.reset_after, "{prev:?} then {d:?}");
+                    if d.allowed && prev.allowed {
+                        prop_assert!(d.delay >= prev.delay, "{prev:?} then {d:?}");
+                    }
+                }
+                prop_assert!(d.delay <= 86_400 * 1_000_000_000);
+                last = Some(d);
+            }
+        }
+    }
 
     #[test]
     fn a_meter_admits_without_delay() {

@@ -5,47 +5,59 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, Method};
 
+use super::client_ip::client_key;
 use super::config::{Action, HeaderMatcher, Route};
+use super::path::{Form, RequestPath};
 
 /// What actions read from a request.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestView<'a> {
     /// The method.
     pub method: &'a Method,
-    /// The path (without the query).
-    pub path: &'a str,
+    /// The normalized path (without the query).
+    pub path: &'a RequestPath,
     /// The raw query string, if any.
     pub query: Option<&'a str>,
     /// The headers.
     pub headers: &'a HeaderMap,
     /// The client's address (see [`client_ip`](super::client_ip())).
     pub client: IpAddr,
+    /// How many leading bits of an IPv6 client key it.
+    pub ipv6_prefix: u8,
 }
 
 impl Route {
-    /// Whether this route applies to the request.
+    /// Whether this route applies to the request: its path, in the route's form,
+    /// starts with the prefix, and its method is listed (without regard to case; `GET`
+    /// covers `HEAD`, which upstreams answer as a `GET`) or none is.
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
         let prefix = self.matcher.path_prefix.as_deref().unwrap_or("/");
-        req.path.starts_with(prefix)
+        let method = req.method.as_str();
+        req.path.get(self.matcher.form()).starts_with(prefix)
             && (self.matcher.methods.is_empty()
-                || self
-                    .matcher
-                    .methods
-                    .iter()
-                    .any(|m| m == req.method.as_str()))
+                || self.matcher.methods.iter().any(|m| {
+                    m.eq_ignore_ascii_case(method)
+                        || (m == "GET" && method.eq_ignore_ascii_case("HEAD"))
+                }))
     }
 }
 
-/// The descriptor `actions` build for `req`, or `None` when one of them produces
-/// nothing (a missing header without `skip_if_absent`, a header match that fails):
-/// then, as in Envoy, the descriptor is not sent.
-pub fn descriptor(actions: &[Action], req: &RequestView<'_>) -> Option<Vec<(String, String)>> {
+/// The descriptor `actions` build for `req` on a route comparing paths in `form`, or
+/// `None` when one of them produces nothing (a missing header without
+/// `skip_if_absent`, a header match that fails): then, as in Envoy, the descriptor is
+/// not sent.
+pub fn descriptor(
+    actions: &[Action],
+    req: &RequestView<'_>,
+    form: Form,
+) -> Option<Vec<(String, String)>> {
     let mut entries = Vec::with_capacity(actions.len());
     for action in actions {
         match action {
-            Action::RemoteAddress {} => {
-                entries.push(("remote_address".to_string(), ip_text(req.client)))
-            }
+            Action::RemoteAddress {} => entries.push((
+                "remote_address".to_string(),
+                client_key(req.client, req.ipv6_prefix),
+            )),
             Action::RequestHeaders {
                 header_name,
                 descriptor_key,
@@ -81,7 +93,7 @@ pub fn descriptor(actions: &[Action], req: &RequestView<'_>) -> Option<Vec<(Stri
                     descriptor_value.clone(),
                 ));
             }
-            Action::Path {} => entries.push(("path".to_string(), req.path.to_string())),
+            Action::Path {} => entries.push(("path".to_string(), req.path.get(form).to_string())),
             Action::Method {} => entries.push(("method".to_string(), req.method.to_string())),
             Action::QueryParameter {
                 query_parameter_name,
@@ -142,45 +154,10 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The address as text, as `Display` writes it; IPv4 without the formatting machinery
-/// (this runs for every request of a `remote_address` route).
-fn ip_text(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut out = String::with_capacity(15);
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
-            }
-            out
-        }
-        IpAddr::V6(_) => ip.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::http::config::from_str;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn ip_text_writes_what_display_writes(a: u8, b: u8, c: u8, d: u8, v6: u128) {
-            let v4 = IpAddr::from([a, b, c, d]);
-            prop_assert_eq!(ip_text(v4), v4.to_string());
-            let v6 = IpAddr::from(std::net::Ipv6Addr::from(v6));
-            prop_assert_eq!(ip_text(v6), v6.to_string());
-        }
-    }
 
     #[test]
     fn actions_build_envoy_style_descriptors() {
@@ -201,12 +178,14 @@ http:
         .unwrap();
         let mut headers = HeaderMap::new();
         headers.insert("user-agent", "curl/8".parse().unwrap());
+        let path = RequestPath::parse("/api/x").unwrap();
         let req = RequestView {
             method: &Method::GET,
-            path: "/api/x",
+            path: &path,
             query: Some("a=1&q=caf%C3%A9+au+lait"),
             headers: &headers,
             client: "192.0.2.1".parse().unwrap(),
+            ipv6_prefix: 64,
         };
         let route = &rules.routes[0];
         assert!(route.matches(&req));
@@ -217,7 +196,7 @@ http:
         let d: Vec<_> = route
             .rate_limits
             .iter()
-            .map(|r| descriptor(&r.actions, &req))
+            .map(|r| descriptor(&r.actions, &req, route.matcher.form()))
             .collect();
         let pairs = |v: &[(&str, &str)]| {
             Some(

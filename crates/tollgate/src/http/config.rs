@@ -1,6 +1,8 @@
 //! The `http` section of a rule file: how the gateway turns an HTTP request into
-//! descriptors. `tollgate serve` ignores it; [`RateLimitLayer`](super::RateLimitLayer)
-//! and `tollgate proxy` read it from the same files as the rules.
+//! descriptors. `tollgate serve` does not use it; [`RateLimitLayer`](super::RateLimitLayer)
+//! and `tollgate proxy` read it from the same files as the rules, in the same load:
+//! [`RuleSet::http`](crate::rules::RuleSet::http) holds the sections, so routes and limits
+//! always change together. docs/gateway.md is the reference.
 //!
 //! ```yaml
 //! domain: edge
@@ -8,7 +10,9 @@
 //!   - key: remote_address
 //!     rate_limit: {unit: minute, requests_per_unit: 60}
 //! http:
-//!   trusted_proxies: [10.0.0.0/8]        # whose X-Forwarded-For / Forwarded we believe
+//!   trusted_proxies: [10.0.0.0/8]        # whose client-address header we believe
+//!   client_address_header: x-forwarded-for   # the one header read (or `forwarded`, `x-real-ip`)
+//!   ipv6_prefix: 64                      # IPv6 clients are keyed by their /64
 //!   deny:  {cidrs: [192.0.2.0/24], values: {api_key: [revoked-key]}}   # 403
 //!   allow: {cidrs: [10.1.0.0/16]}                                      # never limited
 //!   routes:                              # the first matching route applies
@@ -30,20 +34,25 @@
 //! one of whose actions produces nothing is not sent.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use ipnet::IpNet;
+use marked_yaml::Node;
 use serde::Deserialize;
 
-use crate::rules::{ConfigError, ConfigErrors};
+use super::path;
+use crate::rules::ConfigError;
 
 /// The gateway settings of one rule file (one domain).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HttpRules {
     /// The rule domain the descriptors are checked against.
     pub domain: String,
-    /// Peers whose `X-Forwarded-For` / `Forwarded` headers are believed.
+    /// Peers whose client-address header is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header that names the client through trusted proxies (lower case).
+    pub client_address_header: http::HeaderName,
+    /// IPv6 clients are keyed (the `remote_address` entry) by this many leading bits.
+    pub ipv6_prefix: u8,
     /// Requests from these addresses or with these descriptor values get 403.
     pub deny: AccessList,
     /// Requests from these addresses or with these descriptor values are never limited.
@@ -51,6 +60,27 @@ pub struct HttpRules {
     /// Routes, tried in order; the first match applies. No match: not limited.
     pub routes: Vec<Route>,
 }
+
+impl Default for HttpRules {
+    fn default() -> Self {
+        Self {
+            domain: String::new(),
+            trusted_proxies: Vec::new(),
+            client_address_header: http::HeaderName::from_static(DEFAULT_CLIENT_HEADER),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            deny: AccessList::default(),
+            allow: AccessList::default(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// The header read for the client's address unless `client_address_header` says.
+pub const DEFAULT_CLIENT_HEADER: &str = "x-forwarded-for";
+
+/// How many leading bits of an IPv6 client address key it unless `ipv6_prefix` says:
+/// one customer's network (a /64 is what one subscriber or host is usually given).
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 /// Addresses and descriptor values.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -89,16 +119,40 @@ pub struct Route {
     pub fallback: Option<Fallback>,
 }
 
-/// Path prefix and methods; both optional.
+/// Path prefix and methods, both optional, and how the path is compared.
+///
+/// The prefix is compared with the request's normalized path (see
+/// [`path`](super::path)): percent-encoded unreserved characters decoded, dot segments
+/// resolved, repeated slashes merged. By default the comparison also ignores ASCII
+/// case and `;` parameters in path segments (`/API;v=1/items` is `/api/items`), so that
+/// an upstream that ignores them cannot be reached around the route.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteMatch {
-    /// The path starts with this (default `/`).
+    /// The normalized path starts with this (default `/`).
     #[serde(default)]
     pub path_prefix: Option<String>,
-    /// Upper-case method names; empty: every method.
+    /// Method names, compared without regard to case; `GET` also matches `HEAD`.
+    /// Empty: every method.
     #[serde(default)]
     pub methods: Vec<String>,
+    /// Compare the path's case exactly (default: ASCII case is ignored).
+    #[serde(default)]
+    pub case_sensitive: bool,
+    /// Compare `;` parameters of path segments as part of the path (default: they are
+    /// left out of the comparison).
+    #[serde(default)]
+    pub keep_path_parameters: bool,
+}
+
+impl RouteMatch {
+    /// The form of the path this route compares (and the `path` action reads).
+    pub fn form(&self) -> path::Form {
+        path::Form {
+            case_sensitive: self.case_sensitive,
+            keep_parameters: self.keep_path_parameters,
+        }
+    }
 }
 
 /// The actions that build one descriptor.
@@ -106,7 +160,6 @@ pub struct RouteMatch {
 #[serde(deny_unknown_fields)]
 pub struct RateLimitActions {
     /// Each action adds one (key, value) entry, in order.
-    #[serde(with = "serde_norway::with::singleton_map_recursive")]
     pub actions: Vec<Action>,
 }
 
@@ -115,7 +168,6 @@ pub struct RateLimitActions {
 #[serde(deny_unknown_fields)]
 pub struct InFlightLimit {
     /// Each action adds one (key, value) entry, in order.
-    #[serde(with = "serde_norway::with::singleton_map_recursive")]
     pub actions: Vec<Action>,
     /// Requests in flight at once per descriptor value.
     pub limit: u64,
@@ -144,7 +196,7 @@ fn ok_status() -> u16 {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Action {
-    /// `("remote_address", client IP)`.
+    /// `("remote_address", client IP)`; an IPv6 client by its network (`ipv6_prefix`).
     RemoteAddress {},
     /// `(descriptor_key, header value)`; absent header: no descriptor unless skipped.
     RequestHeaders {
@@ -178,7 +230,7 @@ pub enum Action {
         /// Every matcher must hold.
         headers: Vec<HeaderMatcher>,
     },
-    /// `("path", request path)`.
+    /// `("path", the path as the route compares it)`.
     Path {},
     /// `("method", request method)`.
     Method {},
@@ -215,20 +267,15 @@ pub struct HeaderMatcher {
     pub present_match: Option<bool>,
 }
 
-/// The part of a rule file this module reads.
-#[derive(Deserialize)]
-struct File {
-    #[serde(default)]
-    domain: String,
-    #[serde(default)]
-    http: Option<Section>,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Section {
     #[serde(default)]
     trusted_proxies: Vec<IpNet>,
+    #[serde(default)]
+    client_address_header: Option<String>,
+    #[serde(default)]
+    ipv6_prefix: Option<u8>,
     #[serde(default)]
     deny: AccessList,
     #[serde(default)]
@@ -237,69 +284,98 @@ struct Section {
     routes: Vec<Route>,
 }
 
-/// Reads the `http` sections of the rule files `paths` names (files, or directories
-/// of `*.yaml` / `*.yml`, as [`rules::load`](crate::rules::load) reads them). Files
-/// without one are skipped. Every problem names its file, line and column.
-pub fn load(paths: &[impl AsRef<Path>]) -> Result<Vec<HttpRules>, ConfigErrors> {
-    let mut errors = Vec::new();
-    let files = crate::rules::rule_files(paths, &mut errors);
-    let mut out = Vec::new();
-    for file in files {
-        let name = file.display().to_string();
-        match std::fs::read_to_string(&file) {
-            Ok(text) => match from_str(&name, &text) {
-                Ok(Some(rules)) => out.push(rules),
-                Ok(None) => {}
-                Err(e) => errors.push(e),
-            },
-            Err(e) => errors.push(ConfigError {
-                file: name,
-                line: 0,
-                column: 0,
-                message: format!("cannot read the file: {e}"),
-            }),
-        }
-    }
-    if errors.is_empty() {
-        Ok(out)
-    } else {
-        Err(ConfigErrors(errors))
-    }
+/// Reads the `http` sections of the rule files `paths` names, as
+/// [`rules::load`](crate::rules::load) does (it is that load): every problem in the files,
+/// their rules or their sections, names its file, line and column.
+pub fn load(
+    paths: &[impl AsRef<std::path::Path>],
+    options: crate::rules::LoadOptions,
+) -> Result<Vec<HttpRules>, crate::rules::ConfigErrors> {
+    crate::rules::load(paths, options).map(|set| set.http().to_vec())
 }
 
-/// Reads the `http` section of one rule file's text (`None` when it has none). A text
-/// that is not YAML a rule file may use fails with the error that
-/// [`rules::load`](crate::rules::load) reports for it, word for word.
-pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, ConfigError> {
-    // Word for word, so that a caller reading both (`tollgate validate`) can tell it is
-    // one problem, not two.
-    if let Some(e) = crate::rules::yaml_error(file, text) {
-        return Err(e);
+/// Reads the `http` section of one rule file's text (`None` when it has none); the
+/// whole file is read, as [`rules::from_str`](crate::rules::from_str) reads it.
+pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, crate::rules::ConfigErrors> {
+    crate::rules::from_str(file, text).map(|set| set.http().first().cloned())
+}
+
+/// The `http` section `node` of the file `file` whose domain is `domain` (`None` when
+/// it is empty). The rule reader calls this for the file's `http` key.
+pub(crate) fn from_node(
+    file: &str,
+    domain: &str,
+    node: &Node,
+) -> Result<Option<HttpRules>, ConfigError> {
+    if node
+        .as_scalar()
+        .is_some_and(|s| matches!(s.as_str().trim(), "" | "~" | "null"))
+    {
+        return Ok(None);
     }
-    let parsed: File = serde_norway::from_str(crate::rules::without_bom(text)).map_err(|e| {
-        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+    let at = |span: &marked_yaml::Span, message: String| {
+        let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
         ConfigError {
             file: file.to_string(),
             line,
             column,
-            message: format!("in the `http` section: {e}"),
+            message,
+        }
+    };
+    let section: Section = marked_yaml::from_node(node).map_err(|e| {
+        let place = e.path().map(|p| format!("http.{p}: ")).unwrap_or_default();
+        let (line, column) = e.start_mark().map_or((0, 0), |m| (m.line(), m.column()));
+        ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message: format!("in the `http` section: {place}{}", *e),
         }
     })?;
-    let Some(section) = parsed.http else {
-        return Ok(None);
+    let route_nodes = node
+        .as_mapping()
+        .and_then(|m| m.get_sequence("routes"))
+        .map(|s| s.iter().map(|n| *n.span()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let route_span = |i: usize| route_nodes.get(i).copied().unwrap_or(*node.span());
+    let section_field = |name: &str| {
+        node.as_mapping()
+            .and_then(|m| m.get_node(name))
+            .map_or(*node.span(), |n| *n.span())
     };
-    let place = |message: String| ConfigError {
-        file: file.to_string(),
-        line: 0,
-        column: 0,
-        message,
+    let client_address_header = match section.client_address_header.as_deref() {
+        None => http::HeaderName::from_static(DEFAULT_CLIENT_HEADER),
+        Some(name) => http::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+            at(
+                &section_field("client_address_header"),
+                format!("http.client_address_header: `{name}` is not a valid header name"),
+            )
+        })?,
     };
+    let ipv6_prefix = section.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
+    if ipv6_prefix > 128 {
+        return Err(at(
+            &section_field("ipv6_prefix"),
+            format!("http.ipv6_prefix: {ipv6_prefix} is more than the 128 bits of an IPv6 address"),
+        ));
+    }
     let mut routes = section.routes;
     // A route's rate limits are one request to the limiter: within its default caps.
     let caps = crate::limiter::RequestLimits::default();
     for (i, route) in routes.iter_mut().enumerate() {
+        let place = |message: String| at(&route_span(i), message);
         for m in &mut route.matcher.methods {
-            *m = m.to_ascii_uppercase();
+            *m = m.trim().to_ascii_uppercase();
+            if m.is_empty() || http::Method::from_bytes(m.as_bytes()).is_err() {
+                return Err(place(format!(
+                    "http.routes[{i}].match: `{m}` is not an HTTP method"
+                )));
+            }
+        }
+        let form = route.matcher.form();
+        if let Some(prefix) = &mut route.matcher.path_prefix {
+            *prefix = route_prefix(prefix, form)
+                .map_err(|why| place(format!("http.routes[{i}].match.path_prefix: {why}")))?;
         }
         if route.rate_limits.len() > caps.max_descriptors {
             return Err(place(format!(
@@ -341,12 +417,30 @@ pub fn from_str(file: &str, text: &str) -> Result<Option<HttpRules>, ConfigError
         }
     }
     Ok(Some(HttpRules {
-        domain: parsed.domain,
+        domain: domain.to_string(),
         trusted_proxies: section.trusted_proxies,
+        client_address_header,
+        ipv6_prefix,
         deny: section.deny,
         allow: section.allow,
         routes,
     }))
+}
+
+/// A route's `path_prefix` in the form its requests' paths are compared in.
+fn route_prefix(prefix: &str, form: path::Form) -> Result<String, String> {
+    if !prefix.starts_with('/') {
+        return Err(format!("`{prefix}` does not start with `/`"));
+    }
+    if !form.keep_parameters && prefix.contains(';') {
+        return Err(format!(
+            "`{prefix}` has a `;`, but `;` parameters are left out of the comparison unless the \
+             route sets `keep_path_parameters: true`"
+        ));
+    }
+    let normal = path::normalize(prefix).map_err(|e| format!("`{prefix}`: {e}"))?;
+    // A prefix ending in `/` keeps it (normalizing keeps a trailing slash).
+    Ok(path::RequestPath::from_normal(normal).get(form).to_string())
 }
 
 fn validate(action: &Action) -> Result<(), String> {
@@ -387,6 +481,13 @@ fn validate(action: &Action) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The one problem `text` has.
+    fn error(file: &str, text: &str) -> ConfigError {
+        let mut all = from_str(file, text).unwrap_err().0;
+        assert_eq!(all.len(), 1, "{all:?}");
+        all.remove(0)
+    }
+
     #[test]
     fn the_issue_example_reads_and_a_file_without_http_has_none() {
         let text = "domain: edge
@@ -407,6 +508,10 @@ http:
         assert_eq!(r.routes[0].matcher.methods, ["GET", "POST"]);
         assert_eq!(r.routes[0].rate_limits[1].actions.len(), 1);
         assert!(from_str("x.yaml", "domain: x\n").unwrap().is_none());
+        assert!(from_str("x.yaml", "domain: x\nhttp:\n").unwrap().is_none());
+        assert!(from_str("x.yaml", "domain: x\nhttp: ~\n")
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -418,14 +523,14 @@ http:
       rate_limits:
         - actions: [{remote_adress: {}}]
 ";
-        let e = from_str("edge.yaml", text).unwrap_err();
-        assert_eq!((e.file.as_str(), e.line), ("edge.yaml", 6));
+        let e = error("edge.yaml", text);
+        assert_eq!((e.file.as_str(), e.line), ("edge.yaml", 6), "{e}");
         assert!(e.message.contains("remote_adress"), "{e}");
         let bad_cidr = "domain: e\nhttp:\n  trusted_proxies: [10.0.0.0/33]\n";
-        let e = from_str("e.yaml", bad_cidr).unwrap_err();
+        let e = error("e.yaml", bad_cidr);
         assert_eq!(e.line, 3, "{e}");
         let bad_header = "domain: e\nhttp:\n  routes:\n    - rate_limits:\n        - actions: [{request_headers: {header_name: 'a b', descriptor_key: k}}]\n";
-        let e = from_str("e.yaml", bad_header).unwrap_err();
+        let e = error("e.yaml", bad_header);
         assert!(e.message.contains("not a valid header name"), "{e}");
     }
 
@@ -439,12 +544,12 @@ http:
             format!("domain: e\nhttp:\n  routes:\n    - rate_limits:\n{items}")
         };
         assert!(from_str("e.yaml", &route(64, 32)).is_ok());
-        let e = from_str("e.yaml", &route(65, 1)).unwrap_err();
+        let e = error("e.yaml", &route(65, 1));
         assert_eq!(
             e.message,
             "http.routes[0]: at most 64 `rate_limits` (the descriptors of one request)"
         );
-        let e = from_str("e.yaml", &route(2, 33)).unwrap_err();
+        let e = error("e.yaml", &route(2, 33));
         assert_eq!(
             e.message,
             "http.routes[0].rate_limits[0]: at most 32 `actions` (the entries of one descriptor)"

@@ -1,17 +1,14 @@
 //! [`RateLimitLayer`]: wraps any tower HTTP service in [`RateLimit`].
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
-use super::config::{self, HttpRules};
+use super::config::HttpRules;
 use super::headers::HeaderSettings;
 use super::observer::DecisionObserver;
 use super::service::RateLimit;
 use crate::inflight::{InFlight, MemoryInFlight};
 use crate::limiter::Limiter;
+use crate::rules::RuleSet;
 use crate::store::{MemoryStore, Store};
 
 /// A tower layer limiting requests by the `http` section of the rule files. Cloning
@@ -35,54 +32,49 @@ pub(crate) struct Gate<S, I> {
     pub headers: HeaderSettings,
     /// Told of every decision, if set.
     pub observer: Option<Arc<dyn DecisionObserver>>,
-    http: ArcSwap<Vec<HttpRules>>,
-    /// The rule files the `http` sections are read again from when the limiter's rules
-    /// reload (`None`: fixed sections).
-    files: Option<Vec<PathBuf>>,
-    /// The rule set the sections were read with (its address).
-    seen: AtomicUsize,
+    /// Fixed `http` sections; `None`: those of the limiter's current rule set.
+    fixed: Option<Arc<Vec<HttpRules>>>,
+}
+
+/// The rules one request is decided by: the routes and the limits of one load.
+pub(crate) struct Snapshot {
+    pub set: Arc<RuleSet>,
+    fixed: Option<Arc<Vec<HttpRules>>>,
+}
+
+impl Snapshot {
+    /// The `http` sections, in file order.
+    pub fn sections(&self) -> &[HttpRules] {
+        match &self.fixed {
+            Some(fixed) => fixed,
+            None => self.set.http(),
+        }
+    }
 }
 
 impl<S: Store> RateLimitLayer<S, MemoryInFlight> {
-    /// A layer over `limiter` reading the `http` sections of the limiter's own rule
-    /// files, and again whenever those rules reload; concurrency permits in memory.
-    /// Fails with every problem in the sections (file, line, problem).
-    pub fn new(limiter: Arc<Limiter<S>>) -> Result<Self, crate::rules::ConfigErrors> {
-        let files = limiter.rules().paths().to_vec();
-        let http = config::load(&files)?;
-        let set = limiter.rules().current();
-        Ok(Self::build(
-            limiter,
-            MemoryInFlight::new(),
-            http,
-            Some(files),
-            Arc::as_ptr(&set) as usize,
-        ))
+    /// A layer over `limiter` routing by the `http` sections of the limiter's own rule
+    /// files: they are read with the rules, in the same load, so a reload changes routes
+    /// and limits together (and no request reads a file). Concurrency permits in memory.
+    pub fn new(limiter: Arc<Limiter<S>>) -> Self {
+        Self::build(limiter, MemoryInFlight::new(), None)
     }
 
-    /// A layer with fixed `http` sections (e.g. from [`config::from_str`]).
+    /// A layer with fixed `http` sections (e.g. from [`config::from_str`](super::config::from_str)).
     pub fn with_sections(limiter: Arc<Limiter<S>>, http: Vec<HttpRules>) -> Self {
-        Self::build(limiter, MemoryInFlight::new(), http, None, 0)
+        Self::build(limiter, MemoryInFlight::new(), Some(Arc::new(http)))
     }
 }
 
 impl<S, I> RateLimitLayer<S, I> {
-    fn build(
-        limiter: Arc<Limiter<S>>,
-        inflight: I,
-        http: Vec<HttpRules>,
-        files: Option<Vec<PathBuf>>,
-        seen: usize,
-    ) -> Self {
+    fn build(limiter: Arc<Limiter<S>>, inflight: I, fixed: Option<Arc<Vec<HttpRules>>>) -> Self {
         Self {
             gate: Arc::new(Gate {
                 limiter,
                 inflight: Arc::new(inflight),
                 headers: HeaderSettings::default(),
                 observer: None,
-                http: ArcSwap::from_pointee(http),
-                files,
-                seen: AtomicUsize::new(seen),
+                fixed,
             }),
         }
     }
@@ -101,9 +93,7 @@ impl<S, I> RateLimitLayer<S, I> {
                 inflight,
                 headers,
                 observer,
-                http: ArcSwap::new(g.http.load_full()),
-                files: g.files.clone(),
-                seen: AtomicUsize::new(g.seen.load(Ordering::Relaxed)),
+                fixed: g.fixed.clone(),
             }),
         }
     }
@@ -146,28 +136,19 @@ impl<S: Store, I> RateLimitLayer<S, I> {
     /// How many routes the `http` sections have now: with none, the layer limits
     /// nothing (every request passes through).
     pub fn route_count(&self) -> usize {
-        self.gate.sections().iter().map(|s| s.routes.len()).sum()
+        let now = self.gate.snapshot();
+        now.sections().iter().map(|s| s.routes.len()).sum()
     }
 }
 
 impl<S: Store, I> Gate<S, I> {
-    /// The current `http` sections, read again first if the rules have reloaded. A
-    /// section that no longer reads keeps the old one serving (and is logged).
-    pub fn sections(&self) -> Arc<Vec<HttpRules>> {
-        if let Some(files) = &self.files {
-            let set = self.limiter.rules().current();
-            let now = Arc::as_ptr(&set) as usize;
-            if self.seen.swap(now, Ordering::AcqRel) != now {
-                match config::load(files) {
-                    Ok(http) => self.http.store(Arc::new(http)),
-                    Err(e) => tracing::error!(
-                        errors = %e,
-                        "the http sections did not reload; the previous ones keep serving"
-                    ),
-                }
-            }
+    /// The rules now: the limiter's current rule set and its sections (or the fixed
+    /// ones).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            set: self.limiter.rules().current(),
+            fixed: self.fixed.clone(),
         }
-        self.http.load_full()
     }
 }
 

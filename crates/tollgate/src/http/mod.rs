@@ -14,7 +14,7 @@
 //! let limiter = Arc::new(Limiter::new(Arc::new(rules), MemoryStore::new()));
 //! let app = axum::Router::new()
 //!     .route("/api/hello", axum::routing::get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(limiter)?);
+//!     .layer(RateLimitLayer::new(limiter));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! // The client's address comes from the connection (and trusted proxies' headers).
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
@@ -28,7 +28,9 @@
 //! - [`config`]: the `http` section of a rule file (routes, actions, trusted proxies,
 //!   allow and deny lists, concurrency limits, fallbacks).
 //! - [`actions`]: descriptors from a request, in Envoy's action vocabulary.
-//! - [`client_ip`](mod@client_ip): the client address through trusted proxies only.
+//! - [`path`]: the normalized request path routes compare (and that is forwarded).
+//! - [`client_ip`](mod@client_ip): the client address through trusted proxies only,
+//!   from one configured header; IPv6 clients keyed by their network.
 //! - [`headers`]: `RateLimit-Policy`, `RateLimit`, `Retry-After`, legacy
 //!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
 //! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`]; `body.rs` holds
@@ -42,6 +44,7 @@ pub mod config;
 pub mod headers;
 mod layer;
 pub mod observer;
+pub mod path;
 mod service;
 
 pub use client_ip::client_ip;

@@ -1,10 +1,14 @@
 //! [`RateLimit`]: the tower service a [`RateLimitLayer`](super::RateLimitLayer) builds.
 //!
-//! For each request and each `http` section (one per rule domain): the client address
+//! For each request: its path, normalized ([`path`](super::path); 400 if it cannot be);
+//! then for each `http` section (one per rule file, in file order): the client address
 //! (through trusted proxies only), the deny list (403), the first matching route (none:
 //! not limited), the allow list (not limited), the route's concurrency permits, then
-//! one all-or-nothing [`Limiter::check`](crate::limiter::Limiter::check) of the route's
-//! descriptors. Rejected: 429 with `Retry-After`, `RateLimit-Policy`, `RateLimit` and
+//! one all-or-nothing [`Limiter::check_in`](crate::limiter::Limiter::check_in) of the
+//! route's descriptors, by the rule set the routes came from. Sections are decided one
+//! after another: when a later section rejects, what an earlier one admitted has been
+//! charged (as two limiters in a row would). The request is forwarded with its
+//! normalized path: the upstream serves what was matched. Rejected: 429 with `Retry-After`, `RateLimit-Policy`, `RateLimit` and
 //! a problem body, or the route's fallback. Admitted: a leaky bucket in queue mode
 //! delays the request (shaping), the inner service answers, and the RateLimit fields
 //! are added; permits are held until the response body ends or the client goes away.
@@ -23,7 +27,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode, Uri};
 
 use super::actions::{descriptor, RequestView};
 use super::body::PermitBody;
@@ -31,6 +35,7 @@ use super::client_ip::client_ip;
 use super::config::{AccessList, Action, Fallback, HttpRules};
 use super::headers::{append_to, headers, problem_body};
 use super::layer::Gate;
+use super::path::{PathError, RequestPath};
 use crate::inflight::{InFlight, Permit};
 use crate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
 use crate::store::Store;
@@ -87,8 +92,18 @@ where
         let gate = Arc::clone(&self.gate);
         Box::pin(async move {
             // Decided on the head alone (the body may not be Sync, and is not read).
-            let (parts, body) = request.into_parts();
-            let verdict = decide(&gate, &parts).await;
+            let (mut parts, body) = request.into_parts();
+            let path = match RequestPath::parse(parts.uri.path()) {
+                Ok(path) => path,
+                Err(e) => return Ok(unnormal(&e)),
+            };
+            let verdict = decide(&gate, &parts, &path).await;
+            if !parts.uri.path().is_empty() && path.normal() != parts.uri.path() {
+                match with_path(&parts.uri, path.normal()) {
+                    Some(uri) => parts.uri = uri,
+                    None => return Ok(unnormal(&PathError::NotAbsolute)),
+                }
+            }
             let request = Request::from_parts(parts, body);
             match verdict {
                 Verdict::Answer(response) => Ok(response),
@@ -127,21 +142,51 @@ fn peer(request: &Parts) -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Verdict {
-    let sections = gate.sections();
-    if let Some(why) = ambiguous(request, &sections) {
+/// `uri` with its path replaced by `path` (the query kept).
+fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+fn unnormal(e: &PathError) -> Response<Body> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "Bad Request",
+        &format!("the request path cannot be normalized: {e}"),
+    )
+}
+
+async fn decide<S: Store, I: InFlight>(
+    gate: &Gate<S, I>,
+    request: &Parts,
+    path: &RequestPath,
+) -> Verdict {
+    let snapshot = gate.snapshot();
+    let sections = snapshot.sections();
+    if let Some(why) = ambiguous(request, sections) {
         return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
     }
     let peer = peer(request);
     let (mut delay, mut out_headers, mut permits) = (Duration::ZERO, Vec::new(), Vec::new());
-    for section in sections.iter() {
-        let client = client_ip(peer, &request.headers, &section.trusted_proxies);
+    for section in sections {
+        let client = client_ip(
+            peer,
+            &request.headers,
+            &section.client_address_header,
+            &section.trusted_proxies,
+        );
         let view = RequestView {
             method: &request.method,
-            path: request.uri.path(),
+            path,
             query: request.uri.query(),
             headers: &request.headers,
             client,
+            ipv6_prefix: section.ipv6_prefix,
         };
         if listed(&section.deny, &view, section) {
             return Verdict::Answer(forbidden());
@@ -152,8 +197,9 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
         if listed(&section.allow, &view, section) {
             continue;
         }
+        let form = route.matcher.form();
         for limit in &route.max_in_flight {
-            let Some(entries) = descriptor(&limit.actions, &view) else {
+            let Some(entries) = descriptor(&limit.actions, &view, form) else {
                 continue;
             };
             let key = inflight_key(&section.domain, &entries);
@@ -169,7 +215,7 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
         let descriptors: Vec<Descriptor> = route
             .rate_limits
             .iter()
-            .filter_map(|r| descriptor(&r.actions, &view))
+            .filter_map(|r| descriptor(&r.actions, &view, form))
             .map(|entries| Descriptor {
                 entries,
                 ..Descriptor::default()
@@ -184,7 +230,7 @@ async fn decide<S: Store, I: InFlight>(gate: &Gate<S, I>, request: &Parts) -> Ve
             hits_addend: 1,
         };
         let started = gate.observer.as_ref().map(|_| Instant::now());
-        let response = match gate.limiter.check(&check).await {
+        let response = match gate.limiter.check_in(&snapshot.set, &check, None).await {
             Ok(r) => {
                 if let (Some(observer), Some(started)) = (&gate.observer, started) {
                     observer.decided(&check, &r, started.elapsed());
@@ -284,12 +330,14 @@ fn listed(list: &AccessList, view: &RequestView<'_>, section: &HttpRules) -> boo
         .iter()
         .filter(|r| r.matches(view))
         .flat_map(|r| {
+            let form = r.matcher.form();
             r.rate_limits
                 .iter()
                 .map(|l| &l.actions)
                 .chain(r.max_in_flight.iter().map(|m| &m.actions))
+                .map(move |actions| (actions, form))
         })
-        .filter_map(|actions| descriptor(actions, view))
+        .filter_map(|(actions, form)| descriptor(actions, view, form))
         .flatten()
         .any(|(k, v)| list.values.get(&k).is_some_and(|vs| vs.contains(&v)))
 }

@@ -120,11 +120,17 @@ fn build(
     mut errors: Vec<ConfigError>,
 ) -> Result<RuleSet, ConfigErrors> {
     let mut by_domain: BTreeMap<String, Vec<DraftDomain>> = BTreeMap::new();
+    #[cfg(feature = "tower")]
+    let mut http = Vec::new();
     for (name, text) in files {
         let mut reader = Reader::with_max_depth(name, options.max_depth.min(MAX_MAX_DEPTH));
         let draft = reader.read(text);
         errors.extend(reader.into_errors());
         if let Some(draft) = draft {
+            #[cfg(feature = "tower")]
+            let mut draft = draft;
+            #[cfg(feature = "tower")]
+            http.extend(draft.http.take());
             let same = by_domain.entry(draft.name.clone()).or_default();
             if let (Some(first), false) = (same.first(), options.merge_domains) {
                 errors.push(draft.error(format!(
@@ -137,6 +143,10 @@ fn build(
         }
     }
     let mut set = RuleSet::default();
+    #[cfg(feature = "tower")]
+    {
+        set.http = http;
+    }
     for (name, drafts) in by_domain {
         if let Some(domain) = compile(drafts, &mut errors) {
             set.domains.insert(name, std::sync::Arc::new(domain));

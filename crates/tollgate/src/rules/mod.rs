@@ -24,8 +24,10 @@
 //! optional `value` (with `*` wildcards), optional `rate_limit` (`unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces: [{name}]`), `shadow_mode`,
 //! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`, `metadata`,
-//! `charge_rejected` and nested `descriptors`. A top-level `http` section belongs to the gateway and is
-//! ignored here. Any other key is an error. As in Envoy's service, `descriptors:`,
+//! `charge_rejected` and nested `descriptors`. A top-level `http` section belongs to the
+//! gateway: with the `tower` feature it is read in the same load
+//! ([`RuleSet::http`], [`crate::http::config`]), without it it is skipped. Any other key
+//! is an error. As in Envoy's service, `descriptors:`,
 //! `rate_limit:` or a flag left empty (YAML's null) is as if not given: a domain may
 //! have no descriptors at all. A limit may not name itself in its own `replaces`.
 //!
@@ -78,5 +80,3 @@ pub use unit::Unit;
 pub use watch::reload_on_sighup;
 #[cfg(feature = "watch")]
 pub use watch::{watch, Watcher};
-#[cfg(feature = "tower")]
-pub(crate) use yaml::{without_bom, yaml_error};

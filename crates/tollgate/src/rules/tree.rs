@@ -18,6 +18,9 @@ pub struct RuleSet {
     pub(crate) domains: HashMap<String, Arc<Domain>, ahash::RandomState>,
     pub(crate) files: Vec<PathBuf>,
     pub(crate) loaded_at: Option<SystemTime>,
+    /// The files' gateway sections, in file order.
+    #[cfg(feature = "tower")]
+    pub(crate) http: Vec<crate::http::HttpRules>,
 }
 
 impl RuleSet {
@@ -41,6 +44,13 @@ impl RuleSet {
     /// When the set was loaded (None for a set built from a string).
     pub fn loaded_at(&self) -> Option<SystemTime> {
         self.loaded_at
+    }
+
+    /// The files' `http` sections (the gateway's routes), in file order: read in the
+    /// same load as the rules, so that they change together.
+    #[cfg(feature = "tower")]
+    pub fn http(&self) -> &[crate::http::HttpRules] {
+        &self.http
     }
 }
 

@@ -125,10 +125,6 @@ pub(crate) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(file: &'a str) -> Self {
-        Self::with_max_depth(file, super::DEFAULT_MAX_DEPTH)
-    }
-
     /// A reader that refuses `descriptors` lists nested more than `max_depth` deep.
     pub(crate) fn with_max_depth(file: &'a str, max_depth: usize) -> Self {
         Self {
@@ -255,7 +251,18 @@ impl<'a> Reader<'a> {
             None => Vec::new(),
             Some(n) => self.descriptors(n),
         };
+        #[cfg(feature = "tower")]
+        let http = match (top.get_node("http"), &domain) {
+            (Some(node), Some(name)) => crate::http::config::from_node(self.file, name, node)
+                .unwrap_or_else(|e| {
+                    self.errors.push(e);
+                    None
+                }),
+            _ => None,
+        };
         Some(DraftDomain {
+            #[cfg(feature = "tower")]
+            http,
             name: domain?,
             file: self.file.to_string(),
             span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
@@ -715,6 +722,14 @@ impl<'a> Reader<'a> {
             spec.overage_percent = self.number(map, "overage_percent", 1000).unwrap_or(0);
         }
         let (unit, rpu) = (unit?, rpu?);
+        if let Some(why) = bucket_out_of_range(&spec, unit, rpu) {
+            let span = map
+                .get_node("burst")
+                .or_else(|| map.get_node("requests_per_unit"))
+                .map_or(*map.span(), |n| *n.span());
+            self.error(&span, why);
+            return None;
+        }
         if spec.algorithm == AlgorithmName::SlidingLog && rpu > 100_000 {
             let span = map
                 .get_node("requests_per_unit")
@@ -773,7 +788,7 @@ fn parse(text: &str) -> Result<Node, marked_yaml::LoadError> {
 
 /// `text` without the byte order mark an editor may have put first (not part of the
 /// first key).
-pub(crate) fn without_bom(text: &str) -> &str {
+fn without_bom(text: &str) -> &str {
     text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
@@ -897,26 +912,40 @@ fn is_null(scalar: &MarkedScalarNode) -> bool {
     scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
 }
 
-/// The problem that keeps `text` from being read as a rule file's YAML (a syntax
-/// error, a duplicate key, an anchor or a tag), worded and placed exactly as
-/// [`load`](super::load) reports it; `None` when the text is YAML a rule file may use.
-#[cfg(feature = "tower")]
-pub(crate) fn yaml_error(file: &str, text: &str) -> Option<ConfigError> {
-    let text = without_bom(text);
-    let unreadable = forbidden_character(text).or_else(|| too_deep(text, MAX_YAML_DEPTH));
-    if let Some((line, column, message)) = unreadable {
-        return Some(ConfigError {
-            file: file.to_string(),
-            line,
-            column,
-            message,
-        });
+/// The longest a full bucket may take to drain (`burst × unit / requests_per_unit`): a
+/// bucket's state is an instant in nanoseconds, and instants this far ahead keep their
+/// exact arithmetic for centuries to come.
+const MAX_BUCKET_DRAIN_SECS: u128 = 100 * 365 * 86_400;
+
+/// The longest a request may wait in a `mode: queue` leaky bucket
+/// (`(burst − 1) × unit / requests_per_unit`): a queued request waits in memory.
+const MAX_QUEUE_WAIT_SECS: u128 = 86_400;
+
+/// Why a bucket's numbers cannot work, if they cannot.
+fn bucket_out_of_range(spec: &LimitSpec, unit: Unit, rpu: u64) -> Option<String> {
+    if !spec.algorithm.is_bucket() || rpu == 0 {
+        return None;
     }
-    let e = parse(text).err()?;
-    let mut reader = Reader::new(file);
-    reader.lines = text.lines().map(str::to_string).collect();
-    reader.yaml_error(e);
-    reader.errors.pop()
+    let burst = spec.burst.unwrap_or(rpu);
+    let per = |n: u64| n as u128 * u128::from(unit.seconds());
+    let unit_name = unit.name().to_ascii_lowercase();
+    if per(burst) > MAX_BUCKET_DRAIN_SECS * u128::from(rpu) {
+        return Some(format!(
+            "a bucket of {burst} draining {rpu} per {unit_name} takes more than 100 years to \
+             drain: make `burst` at most {} (its state is an instant, kept exact within a \
+             century)",
+            MAX_BUCKET_DRAIN_SECS * u128::from(rpu) / u128::from(unit.seconds())
+        ));
+    }
+    if spec.queue && per(burst.saturating_sub(1)) > MAX_QUEUE_WAIT_SECS * u128::from(rpu) {
+        return Some(format!(
+            "a queue of {burst} leaving {rpu} per {unit_name} holds its last request more than \
+             a day: make `burst` at most {} (a queued request waits in memory, and no client \
+             waits that long)",
+            MAX_QUEUE_WAIT_SECS * u128::from(rpu) / u128::from(unit.seconds()) + 1
+        ));
+    }
+    None
 }
 
 /// The longest `block_duration`: a year.
@@ -950,6 +979,9 @@ pub(crate) struct DraftDomain {
     pub(crate) failure: Option<FailureMode>,
     pub(crate) charge: Option<ChargeRejected>,
     pub(crate) descriptors: Vec<DraftRule>,
+    /// The file's gateway section.
+    #[cfg(feature = "tower")]
+    pub(crate) http: Option<crate::http::HttpRules>,
 }
 
 impl DraftDomain {
