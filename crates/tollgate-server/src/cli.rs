@@ -326,7 +326,8 @@ pub struct CommonArgs {
     #[arg(long, env = "TOLLGATE_REDIS_SHARED_CONNECTION")]
     pub redis_shared_connection: bool,
     /// Most keys the in-memory store (and the local fallback store used while Redis is
-    /// down) holds before evicting those nearest to fresh.
+    /// down) holds before evicting: keys never refused first, nearest to fresh first;
+    /// keys over their limit only when nothing else is left.
     #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 10_000_000)]
     pub max_keys: usize,
     /// Let several rule files define the same domain.

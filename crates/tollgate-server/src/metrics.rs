@@ -11,6 +11,7 @@
 //! | `tollgate_decision_duration_seconds` | | histogram of the time to decide a request |
 //! | `tollgate_config_load_success_total`, `tollgate_config_load_error_total` | | rule set loads |
 //! | `tollgate_store_keys`, `tollgate_store_evictions_total` | | in-memory store size and evictions |
+//! | `tollgate_store_limited_evictions_total` | | evictions of keys that had been refused (their clients may get one more limit early) |
 //! | `tollgate_invalid_requests_total` | | requests refused as malformed |
 //! | `tollgate_over_limit_with_local_cache_total` | domain, descriptor | hits rejected by the blocked-key cache, without a Redis call |
 //! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
@@ -92,6 +93,7 @@ pub struct Metrics {
     config_load_error: Counter,
     store_keys: Gauge,
     store_evictions: Counter,
+    store_limited_evictions: Counter,
     invalid_requests: Counter,
     local_cache: Family<RuleLabels, Counter>,
     store_errors: Family<KindLabels, Counter>,
@@ -183,6 +185,7 @@ impl Metrics {
         let config_load_error = Counter::default();
         let store_keys = Gauge::default();
         let store_evictions = Counter::default();
+        let store_limited_evictions = Counter::default();
         let invalid_requests = Counter::default();
         let local_cache = Family::<RuleLabels, Counter>::default();
         let store_errors = Family::<KindLabels, Counter>::default();
@@ -281,6 +284,12 @@ impl Metrics {
             store_evictions.clone(),
         );
         registry.register(
+            "store_limited_evictions",
+            "Keys evicted while over their limit (refused since their state began), because \
+             the in-memory store held nothing else to evict",
+            store_limited_evictions.clone(),
+        );
+        registry.register(
             "invalid_requests",
             "Requests refused as malformed",
             invalid_requests.clone(),
@@ -297,6 +306,7 @@ impl Metrics {
             config_load_error,
             store_keys,
             store_evictions,
+            store_limited_evictions,
             invalid_requests,
             local_cache,
             store_errors,
@@ -414,6 +424,7 @@ impl Metrics {
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
         sync(&self.store_evictions, stats.evictions);
+        sync(&self.store_limited_evictions, stats.limited_evictions);
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

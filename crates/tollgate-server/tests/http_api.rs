@@ -372,6 +372,34 @@ async fn health_rules_and_metrics_endpoints_answer() {
     }
 }
 
+/// `--max-keys` bounds memory without handing out resets: a flood of new keys evicts
+/// its own kind, not a client that is over its limit; the metrics say both.
+#[tokio::test]
+async fn a_flood_of_new_keys_does_not_reset_a_limited_client() {
+    support::minute::away_from_a_minute_boundary(10);
+    let s = server("flood", &["--max-keys", "256"]).await;
+    let c = Client::new();
+    let victim = json!({"domain": "api", "descriptors": [{"user": "victim"}]});
+    for want in [200, 200, 429] {
+        assert_eq!(check(&c, &s, victim.clone()).await.status(), want);
+    }
+    for batch in 0..100 {
+        let flood = json!({"domain": "api", "descriptors": users(&format!("flood{batch}-"), 64)});
+        assert_eq!(check(&c, &s, flood).await.status(), 200);
+    }
+    assert_eq!(
+        check(&c, &s, victim).await.status(),
+        429,
+        "the flood reset the victim"
+    );
+    let evictions = s.metric("tollgate_store_evictions_total").await.unwrap();
+    assert!(evictions >= 6400 - 256, "{evictions}");
+    assert_eq!(
+        s.metric("tollgate_store_limited_evictions_total").await,
+        Some(0)
+    );
+}
+
 #[tokio::test]
 async fn metric_labels_stay_bounded_whatever_the_runtime_values() {
     let s = server("cardinality", &[]).await;

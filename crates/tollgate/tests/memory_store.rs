@@ -8,7 +8,10 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tollgate::algorithm::{Algorithm, FixedWindow, Gcra, Limit, SlidingLog};
+use tollgate::algorithm::{
+    Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
 use tollgate::clock::NANOS_PER_SEC as S;
 use tollgate::store::{Check, MemoryStore, Store};
 
@@ -107,6 +110,86 @@ fn a_flood_of_distinct_keys_stays_under_max_keys() {
     let stats = store.stats();
     assert!(stats.keys <= 4096, "{} keys kept", stats.keys);
     assert!(stats.evictions >= 200_000 - 4096);
+}
+
+/// With `max_keys` reached, a flood of fresh keys (one request each) used to evict
+/// every key alike, so a client over its daily limit came back with a full one. Keys
+/// that were refused are evicted only after every key that was not.
+#[test]
+fn a_flood_of_new_keys_does_not_reset_a_limited_key() {
+    let day = Duration::from_secs(86_400);
+    let algorithms = [
+        Algorithm::FixedWindow(FixedWindow::new(10, day)),
+        Algorithm::SlidingWindow(SlidingWindow::new(10, day)),
+        Algorithm::SlidingLog(SlidingLog::new(10, day)),
+        Algorithm::TokenBucket(TokenBucket::new(10, day)),
+        Algorithm::Gcra(Gcra::new(10, day)),
+        Algorithm::LeakyBucket(LeakyBucket::new(10, day, LeakyMode::Meter)),
+    ];
+    for algorithm in algorithms {
+        let store = MemoryStore::builder().max_keys(4096).shards(4).build();
+        let limit = Limit::new(algorithm).unwrap();
+        let victim = |t: u64| store.check_one(T0 + t * S, &Check::new(&limit, "victim", 1));
+        for _ in 0..10 {
+            assert!(victim(0).allowed);
+        }
+        assert!(!victim(1).allowed, "{algorithm:?}");
+        // 100 keys the flood's own size over the cap, each one request a second apart
+        // from the next batch: every key lives for the day.
+        for i in 0..100_000u32 {
+            let key = format!("flood:{i}");
+            store.check_one(
+                T0 + 2 * S + u64::from(i / 1000) * S,
+                &Check::new(&limit, &key, 1),
+            );
+        }
+        let stats = store.stats();
+        assert!(stats.keys <= 4096, "{algorithm:?}: {} keys", stats.keys);
+        assert!(stats.evictions >= 100_000 - 4096);
+        assert_eq!(stats.limited_evictions, 0, "{algorithm:?}");
+        assert!(
+            !victim(200).allowed,
+            "{algorithm:?}: the flood reset the victim"
+        );
+    }
+}
+
+/// Refused keys are evicted last, not never: a shard full of them still makes room,
+/// and counts each such eviction.
+#[test]
+fn refused_keys_make_room_when_nothing_else_is_left() {
+    let store = MemoryStore::builder().max_keys(256).shards(1).build();
+    let limit = fixed(1, 86_400, 1);
+    for i in 0..1000u32 {
+        let key = format!("k{i}");
+        assert!(store.check_one(T0, &Check::new(&limit, &key, 1)).allowed);
+        assert!(!store.check_one(T0, &Check::new(&limit, &key, 1)).allowed);
+    }
+    let stats = store.stats();
+    assert!(stats.keys <= 256, "{} keys", stats.keys);
+    assert!(stats.limited_evictions >= 1000 - 256, "{stats:?}");
+    assert_eq!(stats.limited_evictions, stats.evictions);
+}
+
+/// Every window of a fixed-window or sliding-window limit ends at the same instant, so
+/// a flood's states all become fresh together: eviction must still evict (ties
+/// included) and keep the store under `max_keys`, at a bounded cost per key.
+#[test]
+fn a_flood_of_states_that_end_together_stays_under_max_keys() {
+    let day = Duration::from_secs(86_400);
+    for algorithm in [
+        Algorithm::FixedWindow(FixedWindow::new(10, day)),
+        Algorithm::SlidingWindow(SlidingWindow::new(10, day)),
+    ] {
+        let store = MemoryStore::builder().max_keys(256).shards(1).build();
+        let limit = Limit::new(algorithm).unwrap();
+        for i in 0..20_000u32 {
+            store.check_one(T0, &Check::new(&limit, &format!("k{i}"), 1));
+        }
+        let stats = store.stats();
+        assert!(stats.keys <= 256, "{algorithm:?}: {} keys", stats.keys);
+        assert!(stats.evictions >= 20_000 - 256, "{algorithm:?}: {stats:?}");
+    }
 }
 
 #[test]

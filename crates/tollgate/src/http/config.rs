@@ -323,13 +323,16 @@ pub(crate) fn from_node(
         }
     };
     let section: Section = marked_yaml::from_node(node).map_err(|e| {
-        let place = e.path().map(|p| format!("http.{p}: ")).unwrap_or_default();
         let (line, column) = e.start_mark().map_or((0, 0), |m| (m.line(), m.column()));
+        let message = match e.path() {
+            Some(path) => format!("http.{path}: {}", *e),
+            None => format!("in the `http` section: {}", *e),
+        };
         ConfigError {
             file: file.to_string(),
             line,
             column,
-            message: format!("in the `http` section: {place}{}", *e),
+            message,
         }
     })?;
     let route_nodes = node

@@ -24,12 +24,16 @@
 //!   state: it is dropped whenever a shard is swept;
 //! - each shard sweeps itself when it has grown to twice its size at the last sweep,
 //!   and [`MemoryStore::sweep`] sweeps everything (the server calls it periodically);
-//! - `max_keys` caps the total. When a shard is full of live keys, it evicts the eighth
-//!   of its keys that will become fresh soonest: the keys nearest to being forgotten
-//!   anyway. An evicted key starts over, so its client may get up to one more full
-//!   limit (or burst) early; keys in a lockout are evicted only after every other key
-//!   of their shard, so a flood of new keys cannot cheaply end a lockout. Evictions
-//!   are counted in [`MemoryStoreStats`].
+//! - `max_keys` caps the total. When a shard is full of live keys, it evicts an eighth
+//!   of its keys, in three tiers: first keys that have never been refused, those that
+//!   will become fresh soonest first (the keys nearest to being forgotten anyway); then
+//!   keys that have been refused since their state began (*limited* keys), soonest
+//!   fresh first; keys in a lockout last. An evicted key starts over, so its client
+//!   may get up to one more full limit (or burst) early. A flood of new keys (one
+//!   request each, never refused) therefore cannot reset a client that is over its
+//!   limit: to evict limited keys, an attacker must first fill the shard with keys of
+//!   its own that were refused, which costs it a full limit (plus one request) per key.
+//!   Evictions are counted in [`MemoryStoreStats`], limited ones apart.
 
 use std::collections::hash_map::RandomState as StdRandomState;
 use std::collections::HashSet;
@@ -67,6 +71,7 @@ pub struct MemoryStore {
     hasher: ahash::RandomState,
     max_per_shard: usize,
     evictions: AtomicU64,
+    limited_evictions: AtomicU64,
     monotonic: bool,
 }
 
@@ -85,6 +90,10 @@ pub struct MemoryStoreStats {
     pub keys: usize,
     /// Keys evicted because a shard was full of live keys.
     pub evictions: u64,
+    /// Of those, keys that had been refused (over their limit) since their state began:
+    /// each may have given its client up to one more full limit. Evicted only when a
+    /// shard holds nothing else to evict.
+    pub limited_evictions: u64,
 }
 
 #[derive(Default)]
@@ -94,6 +103,9 @@ struct Shard {
     /// Boxed: the table's spare capacity then costs a pointer per slot, not a state.
     windows: HashMap<u64, Box<WindowState>, Fingerprint>,
     blocks: HashMap<u64, Nanos, Fingerprint>,
+    /// Keys refused since their state began (limited): evicted after all others. Each
+    /// has a state in `keys`, `logs` or `windows`; it leaves this set with that state.
+    limited: hashbrown::HashSet<u64, Fingerprint>,
     sweep_at: usize,
     /// The latest "now" a decision in this shard was made at (see `monotonic`).
     latest: Nanos,
@@ -102,11 +114,16 @@ struct Shard {
 /// What the store needs of every kind of per-key state.
 trait State: Default {
     fn is_fresh(&self, now: Nanos) -> bool;
+    /// When the state becomes fresh again.
+    fn expires_at(&self) -> Nanos;
 }
 
 impl State for KeyState {
     fn is_fresh(&self, now: Nanos) -> bool {
         KeyState::is_fresh(self, now)
+    }
+    fn expires_at(&self) -> Nanos {
+        self.expires_at
     }
 }
 
@@ -114,11 +131,17 @@ impl State for LogState {
     fn is_fresh(&self, now: Nanos) -> bool {
         LogState::is_fresh(self, now)
     }
+    fn expires_at(&self) -> Nanos {
+        LogState::expires_at(self)
+    }
 }
 
 impl State for Box<WindowState> {
     fn is_fresh(&self, now: Nanos) -> bool {
         WindowState::is_fresh(self, now)
+    }
+    fn expires_at(&self) -> Nanos {
+        self.as_ref().expires_at
     }
 }
 
@@ -323,6 +346,7 @@ impl MemoryStore {
         MemoryStoreStats {
             keys: self.shards.iter().map(|s| s.lock().len()).sum(),
             evictions: self.evictions.load(Ordering::Relaxed),
+            limited_evictions: self.limited_evictions.load(Ordering::Relaxed),
         }
     }
 
@@ -349,7 +373,7 @@ impl MemoryStore {
                 });
                 if until > now {
                     if shard.blocks.insert(fp, until).is_none() {
-                        self.make_room(shard, now);
+                        self.make_room(shard, now, fp);
                     }
                 } else if until != 0 {
                     shard.blocks.remove(&fp);
@@ -395,31 +419,46 @@ impl MemoryStore {
         now: Nanos,
         check: impl FnOnce(&mut S) -> Decision,
     ) -> Decision {
-        match map(shard).entry(fp) {
+        let d = match map(shard).entry(fp) {
             Entry::Occupied(mut e) => check(e.get_mut()),
             Entry::Vacant(e) => {
                 let mut state = S::default();
                 let d = check(&mut state);
-                if !state.is_fresh(now) {
-                    e.insert(state);
-                    self.make_room(shard, now);
+                if state.is_fresh(now) {
+                    // Nothing kept, so nothing to protect (a cost above the burst).
+                    return d;
                 }
+                e.insert(state);
+                self.make_room(shard, now, fp);
                 d
             }
+        };
+        // A refused key is worth more than any other to keep (see the module's Memory).
+        if !d.allowed && map(shard).contains_key(&fp) {
+            shard.limited.insert(fp);
         }
+        d
     }
 
-    /// Called after a key was added to `shard`: sweeps it when it has doubled since the
-    /// last sweep, and evicts when it is over its share of `max_keys`.
-    fn make_room(&self, shard: &mut Shard, now: Nanos) {
+    /// Called after the key `added` was added to `shard`: sweeps it when it has doubled
+    /// since the last sweep, and evicts (never `added`) when it is over its share of
+    /// `max_keys`.
+    fn make_room(&self, shard: &mut Shard, now: Nanos, added: u64) {
         let len = shard.len();
         if len < shard.sweep_at && len <= self.max_per_shard {
             return;
         }
         shard.drop_fresh(now);
         if shard.len() > self.max_per_shard {
-            let evicted = shard.evict(shard.len() - self.max_per_shard + self.max_per_shard / 8);
+            let (evicted, limited) = shard.evict(
+                shard.len() - self.max_per_shard + self.max_per_shard / 8,
+                added,
+            );
             self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+            if limited > 0 {
+                self.limited_evictions
+                    .fetch_add(limited as u64, Ordering::Relaxed);
+            }
         }
         shard.sweep_at = (shard.len() * 2).max(MIN_SWEEP);
     }
@@ -435,42 +474,76 @@ impl Shard {
         self.logs.retain(|_, s| !s.is_fresh(now));
         self.windows.retain(|_, s| !s.is_fresh(now));
         self.blocks.retain(|_, &mut until| until > now);
+        self.forget_limited_without_state();
     }
 
-    /// Evicts at least `n` keys, those that become fresh soonest first, lockouts last.
-    fn evict(&mut self, n: usize) -> usize {
-        let mut expiries: Vec<Nanos> = self.keys.values().map(|s| s.expires_at).collect();
-        expiries.extend(self.logs.values().map(LogState::expires_at));
-        expiries.extend(self.windows.values().map(|s| s.expires_at));
+    /// Keeps `limited` to the keys that still have a state.
+    fn forget_limited_without_state(&mut self) {
+        let (keys, logs, windows) = (&self.keys, &self.logs, &self.windows);
+        self.limited.retain(|fp| {
+            keys.contains_key(fp) || logs.contains_key(fp) || windows.contains_key(fp)
+        });
+    }
+
+    /// Evicts at least `n` keys: keys never refused first, then limited keys, each
+    /// tier those that become fresh soonest first; lockouts last; never `added`, the key
+    /// whose arrival made the room short (it would start over at its next request).
+    /// Returns how many keys were evicted and how many of them were limited.
+    fn evict(&mut self, n: usize, added: u64) -> (usize, usize) {
         let before = self.len();
-        if n < expiries.len() {
-            let (_, &mut cut, _) = expiries.select_nth_unstable(n);
-            // Ties at `cut` may keep a few more than asked; the next insert evicts again.
-            self.keys.retain(|_, s| s.expires_at >= cut);
-            self.logs.retain(|_, s| s.expires_at() >= cut);
-            self.windows.retain(|_, s| s.expires_at >= cut);
-            let mut extra = n.saturating_sub(before - self.len());
-            self.keys.retain(|_, s| {
-                let evict = extra > 0 && s.expires_at == cut;
-                extra -= usize::from(evict);
-                !evict
-            });
-        } else {
-            self.keys.clear();
-            self.logs.clear();
-            self.windows.clear();
-            let left = n - expiries.len();
-            if left > 0 {
-                let mut ends: Vec<Nanos> = self.blocks.values().copied().collect();
-                if left < ends.len() {
-                    let (_, &mut cut, _) = ends.select_nth_unstable(left);
-                    self.blocks.retain(|_, &mut until| until >= cut);
-                } else {
-                    self.blocks.clear();
-                }
+        let mut left = n;
+        for limited in [false, true] {
+            if left == 0 {
+                break;
+            }
+            let mut candidates: Vec<(Nanos, u64, StateKind)> = Vec::new();
+            let tier = |fp: &u64| *fp != added && self.limited.contains(fp) == limited;
+            candidates.extend(
+                self.keys
+                    .iter()
+                    .filter(|(fp, _)| tier(fp))
+                    .map(|(&fp, s)| (State::expires_at(s), fp, StateKind::Key)),
+            );
+            candidates.extend(
+                self.logs
+                    .iter()
+                    .filter(|(fp, _)| tier(fp))
+                    .map(|(&fp, s)| (State::expires_at(s), fp, StateKind::Log)),
+            );
+            candidates.extend(
+                self.windows
+                    .iter()
+                    .filter(|(fp, _)| tier(fp))
+                    .map(|(&fp, s)| (State::expires_at(s), fp, StateKind::Window)),
+            );
+            if left < candidates.len() {
+                candidates.select_nth_unstable_by_key(left, |c| c.0);
+                candidates.truncate(left);
+            }
+            for (_, fp, kind) in &candidates {
+                match kind {
+                    StateKind::Key => self.keys.remove(fp).map(|_| ()),
+                    StateKind::Log => self.logs.remove(fp).map(|_| ()),
+                    StateKind::Window => self.windows.remove(fp).map(|_| ()),
+                };
+            }
+            left -= candidates.len();
+        }
+        let evicted_limited = {
+            let had = self.limited.len();
+            self.forget_limited_without_state();
+            had - self.limited.len()
+        };
+        if left > 0 {
+            let mut ends: Vec<Nanos> = self.blocks.values().copied().collect();
+            if left < ends.len() {
+                let (_, &mut cut, _) = ends.select_nth_unstable(left);
+                self.blocks.retain(|_, &mut until| until >= cut);
+            } else {
+                self.blocks.clear();
             }
         }
-        before - self.len()
+        (before - self.len(), evicted_limited)
     }
 }
 
@@ -569,6 +642,7 @@ impl MemoryStoreBuilder {
             },
             max_per_shard: self.max_keys.div_ceil(shards).max(1),
             evictions: AtomicU64::new(0),
+            limited_evictions: AtomicU64::new(0),
             monotonic: self.monotonic,
         }
     }
