@@ -67,8 +67,12 @@ pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
 pub(crate) fn init_logging(args: &CommonArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a file, a pipe or a log collector gets
+    // plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),
@@ -356,7 +360,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let set = rules.current();
     let (domains, rule_count) = rules::summary(&set);
     service.set_ready(true);
-    info!(grpc = %grpc_addr, grpc_transport = ?transport, grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), rules_loaded = rules.is_loaded(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
+    info!(grpc = %grpc_addr, grpc_transport = %transport.name(), grpc_tls = tls, grpc_mutual_tls = args.grpc_tls.grpc_tls_client_ca.is_some(), http = %http_addr, http_tls = args.http_tls.http_tls_cert.is_some(), rules_loaded = rules.is_loaded(), domains, rules = rule_count, store = store_name, workers = count, "tollgate serving");
 
     info!(admin = %admin_addr.map_or_else(|| "the HTTP listener".to_owned(), |a| a.to_string()), admin_token = admin_access.token_required(), metrics_require_token = args.common.admin.metrics_require_token, "admin endpoints");
 

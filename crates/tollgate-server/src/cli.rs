@@ -43,7 +43,7 @@ pub enum Command {
               value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=tollgate::rules::MAX_MAX_DEPTH as u64))]
         max_rule_depth: usize,
     },
-    /// Run rule-engine case files (the format of shared/cases/README.md) with a manual
+    /// Run rule-engine case files (the format of tests/cases/README.md) with a manual
     /// clock; print every failing step and `N passed, M failed` (files). Exits
     /// non-zero on any failure.
     Conformance {
@@ -517,6 +517,16 @@ pub enum GrpcTransport {
     Native,
     /// tonic (hyper and h2).
     Tonic,
+}
+
+impl GrpcTransport {
+    /// The name the flag takes (`native`, `tonic`), for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcTransport::Native => "native",
+            GrpcTransport::Tonic => "tonic",
+        }
+    }
 }
 
 /// How logs are written.

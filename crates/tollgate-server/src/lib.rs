@@ -141,3 +141,50 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+/// The flags of every `tollgate` command as Markdown tables (flag, variable, default,
+/// meaning), from the same definitions the commands parse: the flags part of
+/// docs/configuration.md, which a test holds to this.
+pub fn flags_reference() -> String {
+    let mut out = String::new();
+    let cli = Cli::command();
+    for command in cli.get_subcommands() {
+        let name = command.get_name();
+        out.push_str(&format!("### `tollgate {name}`\n\n"));
+        if let Some(about) = command.get_about() {
+            out.push_str(&format!("{about}\n\n"));
+        }
+        out.push_str("| flag | variable | default | meaning |\n|---|---|---|---|\n");
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let flag = match arg.get_long() {
+                Some(long) => format!("`--{long}`"),
+                None => format!("`{}` (positional)", id.to_ascii_uppercase()),
+            };
+            let env = arg
+                .get_env()
+                .map(|e| format!("`{}`", e.to_string_lossy()))
+                .unwrap_or_default();
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            let default = if defaults.is_empty() {
+                String::new()
+            } else {
+                format!("`{}`", defaults.join(","))
+            };
+            let help = arg
+                .get_help()
+                .map(|h| h.to_string().replace('\n', " ").replace('|', "\\|"))
+                .unwrap_or_default();
+            out.push_str(&format!("| {flag} | {env} | {default} | {help} |\n"));
+        }
+        out.push('\n');
+    }
+    out
+}

@@ -10,6 +10,8 @@
 //! | `tollgate_shadow_mode_total` | domain, descriptor | hits a shadow-mode rule would have rejected |
 //! | `tollgate_decision_duration_seconds` | | histogram of the time to decide a request |
 //! | `tollgate_config_load_success_total`, `tollgate_config_load_error_total` | | rule set loads |
+//! | `tollgate_unmatched_descriptors_total` | domain | descriptors of a loaded domain that no rule matched (answered OK, `remaining: 0`, as Envoy's service does) |
+//! | `tollgate_unknown_domain_descriptors_total` | | descriptors of a domain no rule file defines (answered OK) |
 //! | `tollgate_store_keys`, `tollgate_store_evictions_total` | | in-memory store size and evictions |
 //! | `tollgate_store_limited_evictions_total` | | evictions of keys that had been refused (their clients may get one more limit early) |
 //! | `tollgate_invalid_requests_total` | | requests refused as malformed |
@@ -60,6 +62,11 @@ struct FallbackLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
 }
@@ -94,6 +101,11 @@ pub struct Metrics {
     store_keys: Gauge,
     store_evictions: Counter,
     store_limited_evictions: Counter,
+    unmatched: Family<DomainLabels, Counter>,
+    unknown_domain: Counter,
+    /// The rules in force, to tell a domain without a matching rule from an unknown one
+    /// (set by the service that records here).
+    rules_in_force: std::sync::OnceLock<Arc<tollgate::rules::Rules>>,
     invalid_requests: Counter,
     local_cache: Family<RuleLabels, Counter>,
     store_errors: Family<KindLabels, Counter>,
@@ -186,6 +198,8 @@ impl Metrics {
         let store_keys = Gauge::default();
         let store_evictions = Counter::default();
         let store_limited_evictions = Counter::default();
+        let unmatched = Family::<DomainLabels, Counter>::default();
+        let unknown_domain = Counter::default();
         let invalid_requests = Counter::default();
         let local_cache = Family::<RuleLabels, Counter>::default();
         let store_errors = Family::<KindLabels, Counter>::default();
@@ -290,6 +304,16 @@ impl Metrics {
             store_limited_evictions.clone(),
         );
         registry.register(
+            "unmatched_descriptors",
+            "Descriptors of a loaded domain that no rule matched (answered OK, remaining 0)",
+            unmatched.clone(),
+        );
+        registry.register(
+            "unknown_domain_descriptors",
+            "Descriptors of a domain that no rule file defines (answered OK)",
+            unknown_domain.clone(),
+        );
+        registry.register(
             "invalid_requests",
             "Requests refused as malformed",
             invalid_requests.clone(),
@@ -307,6 +331,9 @@ impl Metrics {
             store_keys,
             store_evictions,
             store_limited_evictions,
+            unmatched,
+            unknown_domain,
+            rules_in_force: std::sync::OnceLock::new(),
             invalid_requests,
             local_cache,
             store_errors,
@@ -329,8 +356,13 @@ impl Metrics {
             self.store_errors.get_or_create(&KindLabels { kind }).inc();
         }
         let default_cost = request.hits_addend.max(1);
+        let mut known_domain = None;
         for (d, s) in request.descriptors.iter().zip(&response.statuses) {
-            let (Some(metric), Some(limit)) = (&s.metric, &s.limit) else {
+            let Some(metric) = &s.metric else {
+                self.unmatched(&request.domain, &mut known_domain);
+                continue;
+            };
+            let Some(limit) = &s.limit else {
                 continue;
             };
             let hits = d.hits_addend.unwrap_or(default_cost);
@@ -360,6 +392,33 @@ impl Metrics {
                     rule.inc(self, Slot::NearLimit, hits);
                 }
             }
+        }
+    }
+
+    /// Tells the metrics which rules are in force (to count unmatched descriptors by
+    /// domain, and those of unknown domains apart). Without it, every unmatched
+    /// descriptor counts as of an unknown domain.
+    pub fn know_rules(&self, rules: Arc<tollgate::rules::Rules>) {
+        let _ = self.rules_in_force.set(rules);
+    }
+
+    /// Counts a descriptor no rule matched: by domain when the domain is loaded (a
+    /// label set bounded by the rule files), else without a label (clients choose
+    /// the domain). `known` caches the answer for one request.
+    fn unmatched(&self, domain: &str, known: &mut Option<bool>) {
+        let is_known = *known.get_or_insert_with(|| {
+            self.rules_in_force
+                .get()
+                .is_some_and(|r| r.current().domain(domain).is_some())
+        });
+        if is_known {
+            self.unmatched
+                .get_or_create(&DomainLabels {
+                    domain: domain.to_string(),
+                })
+                .inc();
+        } else {
+            self.unknown_domain.inc();
         }
     }
 

@@ -55,6 +55,7 @@ impl Service {
         metrics: Arc<Metrics>,
         headers: HeaderSettings,
     ) -> Self {
+        metrics.know_rules(Arc::clone(limiter.rules()));
         Self {
             limiter,
             metrics,

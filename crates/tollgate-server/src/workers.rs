@@ -495,10 +495,8 @@ fn http_builder(timeouts: &Timeouts) -> auto::Builder<TokioExecutor> {
 /// none for the idle timeout after (an HTTP/1 connection waiting for its next
 /// request's headers is closed by hyper at the header-read timeout, if that is
 /// sooner); its request bodies cut when they pause for the idle timeout, and held to
-/// the body limits. These cost about 1,500 instructions per request (callgrind, HTTP/1
-/// keep-alive: 12,900–14,000 for `/healthz` before, 14,400–15,700 after; 59,550 and
-/// 61,030 for `/v1/check`), most of it hyper's header-read timer, set again for each
-/// request.
+/// the body limits. Most of their cost is hyper's header-read timer, set again for each
+/// request (measured in docs/benchmarks.md).
 ///
 /// hyper directly, not `axum::serve`: it takes the connections from the channel, and
 /// the gateway has no routes (axum's router was a visible share of a 429, callgrind).

@@ -142,7 +142,7 @@ fn validate_names_a_missing_path() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
-        "/nonexistent/rules.yaml:0:0: no such file or directory\n1 error(s)\n",
+        "/nonexistent/rules.yaml: no such file or directory\n1 error(s)\n",
         "once, though both readers find it"
     );
 }
@@ -271,4 +271,31 @@ fn the_case_copies_match_the_shared_cases() {
         }
     }
     assert!(compared >= 25, "only {compared} shared files compared");
+}
+
+/// docs/configuration.md lists every flag of every command, as the commands define them:
+/// the table between its `flags` markers is generated (`TOLLGATE_WRITE_DOCS=1 cargo test
+/// -p tollgate-server --test cli` writes it), and a flag added, renamed or described
+/// differently without the doc fails here.
+#[test]
+fn the_configuration_doc_lists_every_flag() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let (start, end) = (
+        "<!-- flags: generated from the commands' definitions -->\n",
+        "<!-- /flags -->",
+    );
+    let a = doc.find(start).expect("the start marker") + start.len();
+    let b = doc.find(end).expect("the end marker");
+    let want = tollgate_server::flags_reference();
+    if std::env::var_os("TOLLGATE_WRITE_DOCS").is_some() {
+        std::fs::write(&path, format!("{}{want}{}", &doc[..a], &doc[b..])).unwrap();
+        return;
+    }
+    assert!(
+        doc[a..b] == want,
+        "docs/configuration.md's flag tables differ from the commands' flags; run \
+         `TOLLGATE_WRITE_DOCS=1 cargo test -p tollgate-server --test cli the_configuration_doc` \
+         and review the diff"
+    );
 }

@@ -372,6 +372,64 @@ async fn health_rules_and_metrics_endpoints_answer() {
     }
 }
 
+/// A log written to a file is for people and tools: no terminal colour codes, and no
+/// Rust debug spellings (`Native`, `None`, `Some(..)`).
+#[tokio::test]
+async fn a_log_file_is_plain_text() {
+    let dir = tempdir("log");
+    std::fs::write(dir.join("api.yaml"), RULES).unwrap();
+    let log = dir.join("serve.log");
+    let s = Server::start_logging(&dir, &[], &log).await;
+    drop(s);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("tollgate serving"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a file:\n{text}");
+    assert!(text.contains("grpc_transport=native"), "{text}");
+    for debug in ["None", "Some(", "Native"] {
+        assert!(!text.contains(debug), "`{debug}` in:\n{text}");
+    }
+}
+
+/// A descriptor no rule limits is answered OK with `remaining: 0` (Envoy's service says
+/// the same): `/v1/check` says `matched: false`, and the metrics count it, by domain when
+/// the domain is loaded and apart when it is not.
+#[tokio::test]
+async fn unmatched_descriptors_are_said_and_counted() {
+    let s = server("unmatched", &[]).await;
+    let c = Client::new();
+    let body =
+        json!({"domain": "api", "descriptors": [{"user": "u"}, {"team": "t"}, {"path": "/x"}]});
+    let r: Value = check(&c, &s, body).await.json().await.unwrap();
+    let matched: Vec<bool> = r["descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["matched"].as_bool().unwrap())
+        .collect();
+    // `team` has no rule; `path` has one only for /upload*.
+    assert_eq!(matched, [true, false, false], "{r}");
+    assert_eq!(r["descriptors"][1]["remaining"], 0);
+    assert_eq!(r["allowed"], true);
+    let other = json!({"domain": "nope", "descriptors": [{"user": "u"}]});
+    let r: Value = check(&c, &s, other).await.json().await.unwrap();
+    assert_eq!(
+        (
+            r["allowed"].as_bool(),
+            r["descriptors"][0]["matched"].as_bool()
+        ),
+        (Some(true), Some(false))
+    );
+    assert_eq!(
+        s.metric("tollgate_unmatched_descriptors_total{domain=\"api\"}")
+            .await,
+        Some(2)
+    );
+    assert_eq!(
+        s.metric("tollgate_unknown_domain_descriptors_total").await,
+        Some(1)
+    );
+}
+
 /// `--max-keys` bounds memory without handing out resets: a flood of new keys evicts
 /// its own kind, not a client that is over its limit; the metrics say both.
 #[tokio::test]

@@ -386,6 +386,9 @@ fn render(response: &RateLimitResponse) -> Value {
         .map(|s| {
             json!({
                 "code": code(s.code),
+                // False: no rule matched this descriptor (it is not limited; `remaining`
+                // is then 0, as Envoy's service says it).
+                "matched": s.metric.is_some(),
                 "limit": s.limit.as_ref().map(|l| json!({
                     "name": l.name,
                     "requests_per_unit": l.requests_per_unit,

@@ -7,8 +7,8 @@
 //! answer with [`encode::response`], answers
 //! all the calls that are decided at once (every call on the in-memory store; on Redis,
 //! as replies come back) and writes all the answers in one system call. With 64 calls in flight on a few connections, one read and one write
-//! serve many calls, where tonic/hyper/h2 woke tasks and wrote per call (callgrind:
-//! 75,400 instructions per call under tonic, of which 9,000 were Tollgate's).
+//! serve many calls, where tonic/hyper/h2 woke tasks and wrote per call (the costs of
+//! both: docs/benchmarks.md, The service).
 //!
 //! The connection's limits are [`settings`]'s (tollgate-h2's [`ServerSettings`] with the
 //! defaults below), and all connections share [`MAX_UNFINISHED_STREAMS_TOTAL`] and

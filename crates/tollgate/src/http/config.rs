@@ -122,7 +122,7 @@ pub struct Route {
 /// Path prefix and methods, both optional, and how the path is compared.
 ///
 /// The prefix is compared with the request's normalized path (see
-/// [`path`](super::path)): percent-encoded unreserved characters decoded, dot segments
+/// the [`super::path`] module): percent-encoded unreserved characters decoded, dot segments
 /// resolved, repeated slashes merged. By default the comparison also ignores ASCII
 /// case and `;` parameters in path segments (`/API;v=1/items` is `/api/items`), so that
 /// an upstream that ignores them cannot be reached around the route.

@@ -3,8 +3,10 @@
 use std::fmt;
 
 /// One problem in one rule file.
+///
+/// Written `file:line:column: message`, or `file: message` for a problem with no place
+/// in the file (a file that cannot be read).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}:{column}: {message}")]
 pub struct ConfigError {
     /// The file, as it was named when loaded.
     pub file: String,
@@ -14,6 +16,16 @@ pub struct ConfigError {
     pub column: usize,
     /// The problem, in plain words.
     pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (0, _) => write!(f, "{}: {}", self.file, self.message),
+            (line, 0) => write!(f, "{}:{line}: {}", self.file, self.message),
+            (line, column) => write!(f, "{}:{line}:{column}: {}", self.file, self.message),
+        }
+    }
 }
 
 /// Every problem found in a rule set; never empty.
