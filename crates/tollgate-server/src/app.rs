@@ -26,7 +26,7 @@ use crate::service::Service;
 use crate::warm::{self, Warmer};
 use crate::workers::HttpLimits;
 use crate::{api, grpc, workers};
-use tollgate::http::headers::HeaderSettings;
+use tollgate::headers::HeaderSettings;
 
 /// How often the in-memory store drops states that are fresh again.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use tollgate::limiter::{self, Limiter, RateLimitRequest, RateLimitResponse};
 
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
-use tollgate::http::headers::HeaderSettings;
+use tollgate::headers::HeaderSettings;
 
 /// What every API answers while no rules are loaded (the rule files were invalid or
 /// missing at start and have not been fixed since), in envoyproxy/ratelimit's words:

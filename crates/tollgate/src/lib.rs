@@ -41,6 +41,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod decision;
 pub mod direct;
+pub mod headers;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod inflight;

@@ -24,7 +24,7 @@ use serde_json::json;
 use tollgate::limiter::{self, Code, RateLimitResponse, RequestLimits};
 
 use crate::service::{Service, NO_RULES};
-use tollgate::http::headers::{append_to, headers};
+use tollgate::headers::{append_to, headers};
 
 /// Every HTTP route of `tollgate serve`'s HTTP listener: the check APIs, the health
 /// checks, and, with `admin` (no `--admin-listen`), the other admin endpoints. The

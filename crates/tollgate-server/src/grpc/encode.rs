@@ -10,7 +10,7 @@
 //!
 //! [`rls::to_wire`]: crate::grpc::rls::to_wire
 
-use tollgate::http::headers::{headers, problem_body, HeaderSettings};
+use tollgate::headers::{headers, problem_body, HeaderSettings};
 use tollgate::limiter::{Code, DescriptorStatus, RateLimitResponse};
 
 use crate::grpc::rls::{code_to_wire, unit_to_wire};

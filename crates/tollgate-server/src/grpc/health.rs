@@ -375,7 +375,7 @@ mod tests {
         Service::new(
             Arc::new(limiter),
             Arc::new(Metrics::new(0.8)),
-            tollgate::http::headers::HeaderSettings::default(),
+            tollgate::headers::HeaderSettings::default(),
         )
     }
 

@@ -22,7 +22,7 @@ use tollgate::limiter::{
 use tollgate::rules::Unit;
 
 use crate::service::{Service, NO_RULES};
-use tollgate::http::headers::{headers, problem_body, HeaderSettings};
+use tollgate::headers::{headers, problem_body, HeaderSettings};
 
 /// The tonic service.
 pub struct Rls {

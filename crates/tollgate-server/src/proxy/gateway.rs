@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tollgate::http::headers::HeaderSettings;
+use tollgate::headers::HeaderSettings;
 use tollgate::http::{DecisionObserver, RateLimitLayer};
 use tollgate::inflight::{InFlight, MemoryInFlight, Permit, RedisInFlight};
 use tollgate::store;

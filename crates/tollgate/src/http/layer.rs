@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use super::config::HttpRules;
-use super::headers::HeaderSettings;
+use super::gate::Gate;
 use super::observer::DecisionObserver;
 use super::service::RateLimit;
+use crate::headers::HeaderSettings;
 use crate::inflight::{InFlight, MemoryInFlight};
 use crate::limiter::Limiter;
-use crate::rules::RuleSet;
 use crate::store::{MemoryStore, Store};
 
 /// A tower layer limiting requests by the `http` section of the rule files. Cloning
@@ -21,33 +21,6 @@ impl<S, I> Clone for RateLimitLayer<S, I> {
     fn clone(&self) -> Self {
         Self {
             gate: Arc::clone(&self.gate),
-        }
-    }
-}
-
-/// What every request consults.
-pub(crate) struct Gate<S, I> {
-    pub limiter: Arc<Limiter<S>>,
-    pub inflight: Arc<I>,
-    pub headers: HeaderSettings,
-    /// Told of every decision, if set.
-    pub observer: Option<Arc<dyn DecisionObserver>>,
-    /// Fixed `http` sections; `None`: those of the limiter's current rule set.
-    fixed: Option<Arc<Vec<HttpRules>>>,
-}
-
-/// The rules one request is decided by: the routes and the limits of one load.
-pub(crate) struct Snapshot {
-    pub set: Arc<RuleSet>,
-    fixed: Option<Arc<Vec<HttpRules>>>,
-}
-
-impl Snapshot {
-    /// The `http` sections, in file order.
-    pub fn sections(&self) -> &[HttpRules] {
-        match &self.fixed {
-            Some(fixed) => fixed,
-            None => self.set.http(),
         }
     }
 }
@@ -138,17 +111,6 @@ impl<S: Store, I> RateLimitLayer<S, I> {
     pub fn route_count(&self) -> usize {
         let now = self.gate.snapshot();
         now.sections().iter().map(|s| s.routes.len()).sum()
-    }
-}
-
-impl<S: Store, I> Gate<S, I> {
-    /// The rules now: the limiter's current rule set and its sections (or the fixed
-    /// ones).
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            set: self.limiter.rules().current(),
-            fixed: self.fixed.clone(),
-        }
     }
 }
 

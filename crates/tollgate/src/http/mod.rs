@@ -33,20 +33,22 @@
 //!   from one configured header; IPv6 clients keyed by their network.
 //! - [`headers`]: `RateLimit-Policy`, `RateLimit`, `Retry-After`, legacy
 //!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
-//! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`]; `body.rs` holds
-//!   concurrency permits until the response body ends.
+//! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`], both around
+//!   `gate.rs` (what every request consults: limiter, permits, settings, a snapshot of
+//!   the rules); `body.rs` holds concurrency permits until the response body ends.
 //! - [`observer`]: [`DecisionObserver`], told of every decision (metrics).
 
 pub mod actions;
 mod body;
 pub mod client_ip;
 pub mod config;
-pub mod headers;
+mod gate;
 mod layer;
 pub mod observer;
 pub mod path;
 mod service;
 
+pub use crate::headers;
 pub use client_ip::client_ip;
 pub use config::HttpRules;
 pub use layer::RateLimitLayer;

@@ -63,6 +63,7 @@ mod failure;
 mod load;
 mod metadata;
 mod reload;
+mod spec;
 mod tree;
 mod unit;
 #[cfg(feature = "watch")]

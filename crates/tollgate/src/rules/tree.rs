@@ -130,7 +130,7 @@ pub struct RuleLimit {
     /// What the in-memory store runs in its place under `failure_mode: local_fallback`:
     /// the same limit with its numbers divided by the divisor.
     pub fallback: Limit,
-    pub(crate) spec: super::yaml::LimitSpec,
+    pub(crate) spec: super::spec::LimitSpec,
     pub(crate) divisor: u64,
 }
 
@@ -169,7 +169,7 @@ impl RuleLimit {
         id: u64,
         failure_mode: super::FailureMode,
     ) -> Option<RuleLimit> {
-        let spec = super::yaml::LimitSpec::default();
+        let spec = super::spec::LimitSpec::default();
         let divisor = match failure_mode {
             super::FailureMode::LocalFallback { divisor } => divisor,
             _ => 1,

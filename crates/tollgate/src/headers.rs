@@ -14,7 +14,9 @@
 //! restrictive items that fit are kept (over the limit first, then the least remaining,
 //! then the longest reset; in the body, the longest wait first), in their order.
 //!
-//! gRPC, the HTTP API and the gateway (`RateLimitLayer`, `tollgate proxy`) all use this one module.
+//! gRPC, the HTTP API and the gateway (`RateLimitLayer`, `tollgate proxy`) all use this one
+//! module. It needs no HTTP stack; `append_to` (feature `tower`) puts the fields in an
+//! `http::HeaderMap`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -340,6 +342,7 @@ pub fn headers(
 /// Appends `fields` (as [`headers`] returns them) to an HTTP header map; the strings
 /// become the header values without a copy. Values that are not valid header values
 /// (none that [`headers`] makes) are skipped.
+#[cfg(feature = "tower")]
 pub fn append_to(map: &mut http::HeaderMap, fields: Vec<(&'static str, String)>) {
     for (name, value) in fields {
         if let Ok(v) = http::HeaderValue::try_from(value) {
@@ -349,6 +352,7 @@ pub fn append_to(map: &mut http::HeaderMap, fields: Vec<(&'static str, String)>)
 }
 
 /// The header name of a field [`headers`] makes (constants: no parsing per request).
+#[cfg(feature = "tower")]
 fn header_name(name: &'static str) -> http::HeaderName {
     use http::HeaderName;
     const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
