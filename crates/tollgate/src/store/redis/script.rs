@@ -26,6 +26,11 @@ use crate::decision::{Decision, NEVER};
 use crate::store::{ChargeRejected, Check};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
+/// The bucket algorithms' shared arithmetic, before their own files.
+const BUCKET: &str = include_str!("lua/bucket.lua");
+/// The algorithm codes (bit `code - 1`) that use [`BUCKET`]: token bucket, GCRA, leaky
+/// bucket.
+const BUCKETS: u8 = 0b111000;
 const DRIVER: &str = include_str!("lua/driver.lua");
 const CALL: &str = include_str!("lua/call.lua");
 /// Per algorithm code (1-based): its Lua.
@@ -114,9 +119,13 @@ pub(crate) fn library(mask: u8, name: &str) -> String {
     src
 }
 
-/// The prelude, the algorithms in `mask` and the general path: definitions only.
+/// The prelude, the algorithms in `mask` (after the buckets' arithmetic, when one of
+/// them is) and the general path: definitions only.
 fn definitions(mask: u8) -> String {
     let mut src = String::from(PRELUDE);
+    if mask & BUCKETS != 0 {
+        src.push_str(BUCKET);
+    }
     for (i, module) in MODULES.iter().enumerate() {
         if mask & (1 << i) != 0 {
             src.push_str(module);
