@@ -26,7 +26,9 @@ use std::time::Duration;
 use tokio::runtime::{Handle, Id, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
-use super::{client, invoke_all, script, Connection, RedisTls, Request, Shared};
+use super::call::{invoke_all, Request};
+use super::client::{self, Connection};
+use super::{script, RedisTls, Shared};
 use crate::store::Error;
 
 /// Most requests in one script call.

@@ -7,8 +7,9 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 
 /// What a TLS connection to Redis presents and trusts, as PEM bytes. The default
 /// trusts the system's roots and presents no client certificate.
@@ -128,6 +129,47 @@ fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
 #[cfg(feature = "redis-tls")]
 fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A connection to a single Redis or to a cluster, as one redis-rs connection.
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    fn inner(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Connection::Single(c) => c,
+            Connection::Cluster(c) => c,
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.inner().req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.inner().req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 #[cfg(test)]

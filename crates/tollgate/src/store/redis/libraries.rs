@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::Value;
 
-use super::{Connection, Shared};
+use super::client::Connection;
+use super::Shared;
 use crate::store::Error;
 
 /// Every library name this build can load (one per set of algorithms).

@@ -135,6 +135,53 @@ fn definitions(mask: u8) -> String {
     src
 }
 
+/// The Lua source of the script a request using these algorithms runs (names as in
+/// rule files: `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`,
+/// `leaky_bucket`), to review it or to pre-load it with `SCRIPT LOAD`.
+pub fn script_source(algorithms: &[&str]) -> Result<String, String> {
+    Ok(source(algorithm_mask(algorithms)?))
+}
+
+/// The same script as a Redis Functions library, as the store loads it on Redis 7 and
+/// later: the function's name (also the library's) and the library's source, for
+/// `FUNCTION LOAD` and `FCALL name numkeys keys... args...`.
+pub fn script_library(algorithms: &[&str]) -> Result<(String, String), String> {
+    let built = Built::new(algorithm_mask(algorithms)?);
+    Ok((built.function, built.library))
+}
+
+/// The algorithms the scripts implement, as rule files name them, in the order of their
+/// codes in the scripts: what [`script_source`] and [`script_library`] accept.
+pub const SCRIPT_ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
+/// The set of algorithm codes (bit `code - 1`) of these rule-file names.
+fn algorithm_mask(algorithms: &[&str]) -> Result<u8, String> {
+    const NAMES: [&str; 6] = SCRIPT_ALGORITHMS;
+    let mut mask = 0u8;
+    for name in algorithms {
+        match NAMES.iter().position(|n| n == name) {
+            Some(i) => mask |= 1 << i,
+            None => {
+                return Err(format!(
+                    "unknown algorithm `{name}` (expected one of: {})",
+                    NAMES.join(", ")
+                ))
+            }
+        }
+    }
+    if mask == 0 {
+        return Err("name at least one algorithm".into());
+    }
+    Ok(mask)
+}
+
 /// One check as the scripts see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Encoded {
