@@ -50,8 +50,14 @@ use http::{Request, Response, StatusCode, Version};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
 
 use super::headers;
+use crate::throttle::Throttle;
+
+/// At most one failure warning per upstream this often, with the number of failures it
+/// stands for.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// Timeouts used when talking to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,38 +105,7 @@ struct Inner {
     base_path: String,
     settings: ForwardSettings,
     /// Throttles the failure log: an upstream that is down fails every request.
-    log: FailureLog,
-}
-
-/// At most one warning per second, with the number of failures it stands for.
-#[derive(Default)]
-struct FailureLog {
-    /// The second (since `start`) of the last warning.
-    last: std::sync::atomic::AtomicU64,
-    /// Failures since the last warning.
-    pending: std::sync::atomic::AtomicU64,
-    start: std::sync::OnceLock<std::time::Instant>,
-}
-
-impl FailureLog {
-    /// How many failures the caller's warning should report (including this one), or
-    /// `None` when a warning went out less than a second ago.
-    fn admit(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.pending.fetch_add(1, Relaxed);
-        let start = self.start.get_or_init(std::time::Instant::now);
-        let second = start.elapsed().as_secs() + 1;
-        let last = self.last.load(Relaxed);
-        if last == second
-            || self
-                .last
-                .compare_exchange(last, second, Relaxed, Relaxed)
-                .is_err()
-        {
-            return None;
-        }
-        Some(self.pending.swap(0, Relaxed).max(1))
-    }
+    log: Throttle,
 }
 
 impl fmt::Debug for Upstream {
@@ -198,7 +173,7 @@ impl Upstream {
                 authority,
                 base_path,
                 settings,
-                log: FailureLog::default(),
+                log: Throttle::new(FAILURE_LOG_EVERY),
             }),
         })
     }
@@ -221,7 +196,7 @@ impl Upstream {
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(upstream = %inner.authority, error = %detail, failures, "cannot forward request");
                 }
                 return problem(StatusCode::BAD_GATEWAY, &detail);
@@ -266,7 +241,7 @@ impl Upstream {
                         ),
                     )
                 };
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = status.as_u16(),
@@ -282,7 +257,7 @@ impl Upstream {
                     "upstream {} sent no response within {:?}",
                     inner.authority, inner.settings.response_timeout
                 );
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = 504,
