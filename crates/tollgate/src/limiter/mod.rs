@@ -198,8 +198,8 @@ impl Limiter<MemoryStore> {
             .poll(&mut Context::from_waker(Waker::noop()))
         {
             Poll::Ready(result) => result,
-            Poll::Pending => Err(Error::Store(store::Error::Backend(
-                "the in-memory store waited, which it never does".into(),
+            Poll::Pending => Err(Error::Store(store::Error::backend(
+                "the in-memory store waited, which it never does",
             ))),
         }
     }

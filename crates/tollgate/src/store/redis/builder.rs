@@ -11,7 +11,7 @@ use super::breaker::Breaker;
 use super::client::{self, Connection};
 use super::script::Scripts;
 use super::warm::Warming;
-use super::{RedisStore, RedisTls, Shared};
+use super::{RedisStore, RedisTls, Refused, Shared};
 use crate::store::blocked::BlockedCache;
 use crate::store::Error;
 
@@ -135,24 +135,29 @@ impl RedisStoreBuilder {
     /// failure policy, until Redis is reachable); a cluster needs one reachable node to
     /// learn its topology.
     pub async fn connect(self) -> Result<RedisStore, Error> {
-        let backend = |e: redis::RedisError| Error::Backend(e.to_string());
         let mut single_url = None;
-        let conn = match parse_url(&self.url)? {
+        let (conn, address) = match parse_url(&self.url)? {
             Target::Single(url) => {
-                let manager = client::single(&url, self.tls.as_ref()).map_err(Error::Backend)?;
+                let manager = client::single(&url, self.tls.as_ref())?;
+                let address = client::address(&url);
                 single_url = Some(url);
-                Connection::Single(manager)
+                (Connection::Single(manager), address)
             }
             Target::Cluster(nodes) => {
+                let address = nodes
+                    .iter()
+                    .map(|n| client::address(n))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let failed = |e| client::failure(e, &address);
                 let builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(Duration::from_millis(250))
                     .retries(1);
-                let client = client::cluster(builder, &self.url, self.tls.as_ref())
-                    .map_err(Error::Backend)?
+                let client = client::cluster(builder, &self.url, self.tls.as_ref())?
                     .build()
-                    .map_err(backend)?;
-                let conn = client.get_async_connection().await.map_err(backend)?;
-                Connection::Cluster(conn)
+                    .map_err(failed)?;
+                let conn = client.get_async_connection().await.map_err(failed)?;
+                (Connection::Cluster(conn), address)
             }
         };
         let shared = Arc::new(Shared {
@@ -166,6 +171,8 @@ impl RedisStoreBuilder {
             errors: AtomicU64::new(0),
             functions: AtomicBool::new(self.functions),
             warming: Warming::default(),
+            address,
+            refused: Refused::default(),
         });
         let batchers = match (&shared.conn, single_url) {
             (Connection::Single(_), Some(url)) => Some(Batchers::start(
@@ -239,14 +246,14 @@ fn parse_url(url: &str) -> Result<Target, Error> {
             .map(|n| format!("{scheme}://{n}"))
             .collect();
         if nodes.is_empty() {
-            return Err(Error::Backend(format!("`{url}` names no cluster node")));
+            return Err(Error::backend(format!("`{url}` names no cluster node")));
         }
         return Ok(Target::Cluster(nodes));
     }
     if client::is_single_url(url) {
         return Ok(Target::Single(url.to_string()));
     }
-    Err(Error::Backend(format!(
+    Err(Error::backend(format!(
         "`{url}` is not a Redis URL (redis://host:port, rediss://host:port, redis+unix:///path or redis+cluster://host:port,host:port)"
     )))
 }
@@ -268,8 +275,17 @@ async fn check_version(shared: Arc<Shared>) {
     let info = cmd.query_async::<String>(&mut conn);
     let info = tokio::time::timeout(Duration::from_secs(2), info).await;
     drop(connecting);
-    let Ok(Ok(info)) = info else {
-        return;
+    let info = match info {
+        Ok(Ok(info)) => {
+            shared.refused.clear();
+            info
+        }
+        Ok(Err(e)) => {
+            // A refusal is what the requests that miss their deadline report.
+            shared.failed(e);
+            return;
+        }
+        Err(_) => return,
     };
     if let Some((version, false)) = version_supported(&info) {
         tracing::error!(

@@ -161,7 +161,7 @@ impl ScriptCall {
         for (now, checks) in requests {
             let mut encoded = Vec::with_capacity(checks.len());
             for c in checks {
-                encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+                encoded.push(Encoded::new(c.limit).map_err(super::out_of_range)?);
             }
             let names: Vec<KeyNames> = checks
                 .iter()
@@ -271,17 +271,14 @@ pub(super) async fn invoke_reply(
             call_script(shared, &mut conn, built, &evalsha).await
         }
     };
-    let reply = reply.map_err(|e| e.to_string()).and_then(|value| {
-        let (bytes, receipt) = reply_parts(value)
-            .ok_or_else(|| "the script answered something else than a string".to_string())?;
-        let answers = script::answers(&bytes).ok_or_else(|| {
-            format!(
-                "the script answered {} bytes that are no answers",
-                bytes.len()
-            )
-        })?;
-        Ok(Reply { answers, receipt })
-    });
+    let reply = match reply {
+        Ok(value) => {
+            // Redis answered.
+            shared.refused.clear();
+            read_reply(value)
+        }
+        Err(e) => Err(shared.failed(e)),
+    };
     match reply {
         Ok(values) => {
             shared.breaker.success();
@@ -290,9 +287,22 @@ pub(super) async fn invoke_reply(
         Err(e) => {
             shared.breaker.failure();
             shared.errors.fetch_add(1, Ordering::Relaxed);
-            Err(Error::Backend(e))
+            Err(e)
         }
     }
+}
+
+/// A script's reply as its answers and receipt.
+fn read_reply(value: redis::Value) -> Result<Reply, Error> {
+    let (bytes, receipt) = reply_parts(value)
+        .ok_or_else(|| Error::backend("the script answered something else than a string"))?;
+    let answers = script::answers(&bytes).ok_or_else(|| {
+        Error::backend(format!(
+            "the script answered {} bytes that are no answers",
+            bytes.len()
+        ))
+    })?;
+    Ok(Reply { answers, receipt })
 }
 
 /// A script's reply as its answers' string and, when it answered one, its receipt: a

@@ -133,9 +133,11 @@ mod warm;
 
 pub use builder::{RedisStoreBuilder, TimeSource};
 pub use call::ScriptCall;
-pub(crate) use client::single as single_connection;
+pub(crate) use client::{
+    address as redis_address, failure as redis_failure, single as single_connection,
+};
 pub use client::{is_single_url, RedisTls};
-pub use script::{script_library, script_source, SCRIPT_ALGORITHMS};
+pub use script::{script_library, script_source, ScriptNameError, SCRIPT_ALGORITHMS};
 pub use warm::{Loaded, ScriptSet};
 
 use std::collections::HashMap;
@@ -205,6 +207,65 @@ struct Shared {
     /// Script loads and the first connection in progress: a request that waits across
     /// one and misses its deadline does not feed `breaker`.
     warming: Warming,
+    /// Where the store connects, as errors name it (`host:port`, a socket's path, or a
+    /// cluster's nodes).
+    address: String,
+    /// Whether Redis refused the last connection the store tried.
+    refused: Refused,
+}
+
+impl Shared {
+    /// A Redis error of a call or of a connection, as a store error keeping it as its
+    /// source (see [`client::failure`]); a refused connection is remembered until Redis
+    /// answers again.
+    fn failed(&self, e: redis::RedisError) -> Error {
+        if e.is_connection_refusal() {
+            self.refused.set(e.clone());
+        } else {
+            self.refused.clear();
+        }
+        client::failure(e, &self.address)
+    }
+
+    /// What a request that missed its deadline reports: the refusal, when Redis refused
+    /// the last connection the store tried (the call waited for redis-rs's reconnection
+    /// attempts), else `timeout`.
+    fn missed(&self, timeout: Error) -> Error {
+        match self.refused.get() {
+            Some(e) => client::failure(e, &self.address),
+            None => timeout,
+        }
+    }
+}
+
+/// The connection error of Redis refusing the store's last connection, until Redis
+/// answers again.
+#[derive(Default)]
+struct Refused {
+    /// Whether `error` holds one (read on every call without locking).
+    set: AtomicBool,
+    error: parking_lot::Mutex<Option<redis::RedisError>>,
+}
+
+impl Refused {
+    fn set(&self, e: redis::RedisError) {
+        *self.error.lock() = Some(e);
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Redis answered, or failed otherwise.
+    fn clear(&self) {
+        if self.set.swap(false, Ordering::AcqRel) {
+            *self.error.lock() = None;
+        }
+    }
+
+    fn get(&self) -> Option<redis::RedisError> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        self.error.lock().clone()
+    }
 }
 
 impl RedisStore {
@@ -309,7 +370,7 @@ impl RedisStore {
         let started = tokio::time::Instant::now();
         let mut encoded = Vec::with_capacity(checks.len());
         for c in checks {
-            encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+            encoded.push(Encoded::new(c.limit).map_err(out_of_range)?);
         }
         let names: Vec<KeyNames> = checks
             .iter()
@@ -373,7 +434,7 @@ impl RedisStore {
         let reply = match reply {
             Ok(r) if r.answers.len() == group.len() * 5 => r,
             Ok(r) => {
-                return Err(Error::Backend(format!(
+                return Err(Error::backend(format!(
                     "the script answered {} values for {} checks",
                     r.answers.len(),
                     group.len()
@@ -389,14 +450,14 @@ impl RedisStore {
                         self.shared.breaker.failure();
                     }
                     self.timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(self.shared.missed(e));
                 }
                 return Err(e);
             }
         };
         if reply.answers.first() == Some(&FAILED) {
-            return Err(Error::Backend(
-                "the script failed on this request (see the Redis log; a key of the wrong type?)"
-                    .into(),
+            return Err(Error::backend(
+                "the script failed on this request (see the Redis log; a key of the wrong type?)",
             ));
         }
         Ok(reply)
@@ -524,6 +585,11 @@ impl Store for RedisStore {
     }
 }
 
+/// A limit the scripts cannot run, as a store error.
+fn out_of_range(e: script::OutOfRange) -> Error {
+    Error::backend_caused_by(e.to_string(), e)
+}
+
 /// The deadline for a caller that waits at most `budget`: the budget when it is at
 /// least half the store's `deadline` (and shorter), else the deadline itself. A budget
 /// far shorter than the deadline says more about the caller than about Redis, and
@@ -591,6 +657,69 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Algorithm, FixedWindow, Limit};
+
+    /// Nothing listens on a free port, so the connection is refused: the store says so
+    /// and names the address, with Redis's error as the source, whether the call itself
+    /// failed or the request's deadline passed first (once the store has seen the
+    /// refusal: the first requests wait for redis-rs's connection attempts).
+    #[test]
+    fn a_refused_connection_is_named_with_its_address_not_as_a_timeout() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            5,
+            Duration::from_secs(1),
+        )))
+        .expect("a valid limit");
+        let checks = [Check::new(&limit, "k", 1)];
+        let store = |deadline| {
+            rt.block_on(
+                RedisStore::builder(format!("redis://{address}"))
+                    .deadline(deadline)
+                    .connect(),
+            )
+            .expect("a single Redis connects lazily")
+        };
+
+        // A deadline past redis-rs's attempts to connect: the call fails itself.
+        let patient = store(Duration::from_secs(5));
+        let e = rt
+            .block_on(patient.check(0, &checks))
+            .expect_err("nothing listens");
+        assert_refused(&e, &address);
+
+        // The default deadline (20 ms) passes during those attempts.
+        let hasty = store(Duration::from_millis(20));
+        let started = std::time::Instant::now();
+        let e = loop {
+            let e = rt
+                .block_on(hasty.check(0, &checks))
+                .expect_err("nothing listens");
+            if !matches!(e, Error::Timeout(_)) || started.elapsed() > Duration::from_secs(5) {
+                break e;
+            }
+        };
+        assert_refused(&e, &address);
+    }
+
+    fn assert_refused(e: &Error, address: &str) {
+        let text = e.to_string();
+        assert!(text.contains("refused") && text.contains(address), "{text}");
+        assert_eq!(e.kind(), "error");
+        let source = std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<redis::RedisError>())
+            .map(redis::RedisError::is_connection_refusal);
+        assert_eq!(source, Some(true), "{e:?}");
+    }
 
     #[test]
     fn only_a_callers_budget_near_the_deadline_shortens_it() {

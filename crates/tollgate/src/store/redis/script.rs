@@ -138,14 +138,14 @@ fn definitions(mask: u8) -> String {
 /// The Lua source of the script a request using these algorithms runs (names as in
 /// rule files: `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`,
 /// `leaky_bucket`), to review it or to pre-load it with `SCRIPT LOAD`.
-pub fn script_source(algorithms: &[&str]) -> Result<String, String> {
+pub fn script_source(algorithms: &[&str]) -> Result<String, ScriptNameError> {
     Ok(source(algorithm_mask(algorithms)?))
 }
 
 /// The same script as a Redis Functions library, as the store loads it on Redis 7 and
 /// later: the function's name (also the library's) and the library's source, for
 /// `FUNCTION LOAD` and `FCALL name numkeys keys... args...`.
-pub fn script_library(algorithms: &[&str]) -> Result<(String, String), String> {
+pub fn script_library(algorithms: &[&str]) -> Result<(String, String), ScriptNameError> {
     let built = Built::new(algorithm_mask(algorithms)?);
     Ok((built.function, built.library))
 }
@@ -162,24 +162,30 @@ pub const SCRIPT_ALGORITHMS: [&str; 6] = [
 ];
 
 /// The set of algorithm codes (bit `code - 1`) of these rule-file names.
-fn algorithm_mask(algorithms: &[&str]) -> Result<u8, String> {
-    const NAMES: [&str; 6] = SCRIPT_ALGORITHMS;
+fn algorithm_mask(algorithms: &[&str]) -> Result<u8, ScriptNameError> {
     let mut mask = 0u8;
     for name in algorithms {
-        match NAMES.iter().position(|n| n == name) {
+        match SCRIPT_ALGORITHMS.iter().position(|n| n == name) {
             Some(i) => mask |= 1 << i,
-            None => {
-                return Err(format!(
-                    "unknown algorithm `{name}` (expected one of: {})",
-                    NAMES.join(", ")
-                ))
-            }
+            None => return Err(ScriptNameError::Unknown((*name).to_string())),
         }
     }
     if mask == 0 {
-        return Err("name at least one algorithm".into());
+        return Err(ScriptNameError::None);
     }
     Ok(mask)
+}
+
+/// Why [`script_source`] or [`script_library`] has no script for these names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScriptNameError {
+    /// A name that is not one of [`SCRIPT_ALGORITHMS`].
+    #[error("unknown algorithm `{0}` (expected one of: {names})", names = SCRIPT_ALGORITHMS.join(", "))]
+    Unknown(String),
+    /// No name at all.
+    #[error("name at least one algorithm")]
+    None,
 }
 
 /// One check as the scripts see it.

@@ -133,7 +133,7 @@ pub(super) async fn load(
     conn: &Connection,
     sets: &[ScriptSet],
 ) -> Result<Loaded, Error> {
-    let backend = |e: redis::RedisError| Error::Backend(e.to_string());
+    let backend = |e| shared.failed(e);
     let mut conn = conn.clone();
     redis::cmd("PING")
         .query_async::<redis::Value>(&mut conn)
