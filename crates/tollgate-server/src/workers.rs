@@ -31,7 +31,6 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
-use crate::app::stopped;
 use crate::conn::{watchdog, Activity, BodyLimits, Close, Timeouts, Tracked, Watched};
 use crate::metrics::ListenerMetrics;
 use crate::throttle::Throttle;
@@ -282,6 +281,15 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// At most one "accept failed" (and one "at the connection cap") log per listener this
 /// often.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Resolves when `stop` turns true.
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
 
 /// Accepts connections on `listener` until `stop` and hands them to `workers` in turn
 /// (with `TCP_NODELAY` set). Dropping the senders at the end tells the workers that no
