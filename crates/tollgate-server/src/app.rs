@@ -24,7 +24,7 @@ use crate::conn::{BodyBudget, BodyLimits, Timeouts};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
-use crate::workers::HttpLimits;
+use crate::workers::{stopped, HttpLimits};
 use crate::{api, grpc, workers};
 use tollgate::headers::HeaderSettings;
 
@@ -567,15 +567,6 @@ async fn serve_native(
     }
     drop((connections, running));
     let _ = all_ended.recv().await;
-}
-
-/// Resolves when `stop` turns true.
-pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        if stop.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// For a service started without valid rules: until they load, looks every

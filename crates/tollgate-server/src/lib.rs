@@ -14,6 +14,7 @@ mod metrics;
 mod proxy;
 mod service;
 mod store;
+mod throttle;
 mod tls;
 mod validate;
 mod warm;

@@ -31,9 +31,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
-use crate::app::stopped;
 use crate::conn::{watchdog, Activity, BodyLimits, Close, Timeouts, Tracked, Watched};
 use crate::metrics::ListenerMetrics;
+use crate::throttle::Throttle;
 
 /// A connection as `grpc::native::serve` takes it: the socket and the client's address.
 pub(crate) type Accepted = (std::net::TcpStream, SocketAddr);
@@ -282,34 +282,11 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// often.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Throttles a log line that may repeat in a tight loop: at most one per interval, that
-/// one saying how many times it happened since the last.
-#[derive(Debug)]
-struct Throttle {
-    every: Duration,
-    last: Option<Instant>,
-    count: u64,
-}
-
-impl Throttle {
-    fn new(every: Duration) -> Self {
-        Self {
-            every,
-            last: None,
-            count: 0,
-        }
-    }
-
-    /// Counts one occurrence at `now`; `Some(n)` when it is to be logged, `n` the
-    /// occurrences since the last log, this one included.
-    fn hit(&mut self, now: Instant) -> Option<u64> {
-        self.count += 1;
-        match self.last {
-            Some(last) if now.saturating_duration_since(last) < self.every => None,
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.count))
-            }
+/// Resolves when `stop` turns true.
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
         }
     }
 }
@@ -335,7 +312,7 @@ pub(crate) async fn distribute(
     tokio::pin!(stopping);
     let mut next = 0usize;
     let mut backoff = ACCEPT_BACKOFF_MIN;
-    let (mut failures, mut full) = (
+    let (failures, full) = (
         Throttle::new(ACCEPT_LOG_EVERY),
         Throttle::new(ACCEPT_LOG_EVERY),
     );
@@ -704,26 +681,6 @@ mod tests {
             .expect("the workers stop");
         assert!(failed.is_empty(), "{failed:?}");
         assert!(TcpStream::connect(addr).await.is_err(), "still listening");
-    }
-
-    #[test]
-    fn accept_failures_are_logged_at_most_once_per_interval_with_their_count() {
-        let start = Instant::now();
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        let mut log = Throttle::new(Duration::from_secs(5));
-        // The first failure is logged at once.
-        assert_eq!(log.hit(at(0)), Some(1));
-        // A failing accept retried in a loop: silent for the rest of the interval.
-        for ms in 1..=100 {
-            assert_eq!(log.hit(at(ms * 10)), None);
-        }
-        assert_eq!(log.hit(at(4_999)), None);
-        // Then one line for the 101 failures since the last.
-        assert_eq!(log.hit(at(5_000)), Some(102));
-        assert_eq!(log.hit(at(5_001)), None);
-        // After a quiet spell, the next failure is logged at once, counted alone.
-        assert_eq!(log.hit(at(60_000)), Some(2));
-        assert_eq!(log.hit(at(120_000)), Some(1));
     }
 
     #[test]

@@ -185,11 +185,8 @@ fn redis_script_prints_the_lua_of_the_named_algorithms() {
     let out = tollgate(&["redis-script", "gcra", "fixed_window"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lua = text(&out.stdout);
-    assert!(lua.contains("ALG[5] = function") && lua.contains("ALG[1] = function"));
-    assert!(
-        !lua.contains("ALG[2] = function"),
-        "only the named algorithms"
-    );
+    assert!(lua.contains("ALG[5] = ") && lua.contains("ALG[1] = "));
+    assert!(!lua.contains("ALG[2] = "), "only the named algorithms");
     let bad = tollgate(&["redis-script", "magic"]);
     assert!(!bad.status.success());
     assert!(text(&bad.stderr).contains("unknown algorithm `magic`"));

@@ -35,11 +35,10 @@ use tollgate_h2::grpc::{Code, Status};
 use tollgate_h2::{Budget, Call, ServerConn, ServerSettings, SharedLimits};
 use tracing::debug;
 
-use crate::app::stopped;
 use crate::grpc::rls::{self, Failure};
 use crate::grpc::{decode, encode, health, metadata};
 use crate::service::{Service, NO_RULES};
-use crate::workers::Accepted;
+use crate::workers::{stopped, Accepted};
 
 /// The methods served, by index: [`SHOULD_RATE_LIMIT`], [`HEALTH_CHECK`].
 const METHODS: &[&str] = &[

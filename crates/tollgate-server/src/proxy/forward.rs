@@ -37,21 +37,27 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Request, Response, StatusCode, Version};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+
+use super::headers;
+use crate::throttle::Throttle;
+
+/// At most one failure warning per upstream this often, with the number of failures it
+/// stands for.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// Timeouts used when talking to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,38 +105,7 @@ struct Inner {
     base_path: String,
     settings: ForwardSettings,
     /// Throttles the failure log: an upstream that is down fails every request.
-    log: FailureLog,
-}
-
-/// At most one warning per second, with the number of failures it stands for.
-#[derive(Default)]
-struct FailureLog {
-    /// The second (since `start`) of the last warning.
-    last: std::sync::atomic::AtomicU64,
-    /// Failures since the last warning.
-    pending: std::sync::atomic::AtomicU64,
-    start: std::sync::OnceLock<std::time::Instant>,
-}
-
-impl FailureLog {
-    /// How many failures the caller's warning should report (including this one), or
-    /// `None` when a warning went out less than a second ago.
-    fn admit(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.pending.fetch_add(1, Relaxed);
-        let start = self.start.get_or_init(std::time::Instant::now);
-        let second = start.elapsed().as_secs() + 1;
-        let last = self.last.load(Relaxed);
-        if last == second
-            || self
-                .last
-                .compare_exchange(last, second, Relaxed, Relaxed)
-                .is_err()
-        {
-            return None;
-        }
-        Some(self.pending.swap(0, Relaxed).max(1))
-    }
+    log: Throttle,
 }
 
 impl fmt::Debug for Upstream {
@@ -198,7 +173,7 @@ impl Upstream {
                 authority,
                 base_path,
                 settings,
-                log: FailureLog::default(),
+                log: Throttle::new(FAILURE_LOG_EVERY),
             }),
         })
     }
@@ -221,7 +196,7 @@ impl Upstream {
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(upstream = %inner.authority, error = %detail, failures, "cannot forward request");
                 }
                 return problem(StatusCode::BAD_GATEWAY, &detail);
@@ -231,7 +206,7 @@ impl Upstream {
         match sent.await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
+                headers::from_upstream(&mut parts.headers);
                 parts.version = Version::HTTP_11;
                 Response::from_parts(parts, Body::new(body))
             }
@@ -266,7 +241,7 @@ impl Upstream {
                         ),
                     )
                 };
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = status.as_u16(),
@@ -282,7 +257,7 @@ impl Upstream {
                     "upstream {} sent no response within {:?}",
                     inner.authority, inner.settings.response_timeout
                 );
-                if let Some(failures) = inner.log.admit() {
+                if let Some(failures) = inner.log.hit(Instant::now()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = 504,
@@ -310,37 +285,7 @@ impl Inner {
     /// Rewrites a client request into the request sent upstream.
     fn prepare(&self, req: Request<Body>) -> Result<Request<Body>, String> {
         let (mut parts, body) = req.into_parts();
-
-        // The Host as the client sent it; HTTP/2 clients send `:authority`.
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-
-        strip_hop_by_hop(&mut parts.headers);
-
-        if let Some(host) = &original_host {
-            if !parts.headers.contains_key(header::HOST) {
-                parts.headers.insert(header::HOST, host.clone());
-            }
-        }
-
-        if let Some(ConnectInfo(addr)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
-            append_forwarded_for(&mut parts.headers, *addr);
-        }
-        if !parts.headers.contains_key(X_FORWARDED_PROTO) {
-            parts
-                .headers
-                .insert(X_FORWARDED_PROTO, HeaderValue::from_static(self.scheme()));
-        }
-        if let Some(host) = original_host {
-            if !parts.headers.contains_key(X_FORWARDED_HOST) {
-                parts.headers.insert(X_FORWARDED_HOST, host);
-            }
-        }
-
+        headers::to_upstream(&mut parts, self.scheme());
         parts.uri = self.upstream_uri(&parts.uri)?;
         parts.version = Version::HTTP_11;
         Ok(Request::from_parts(parts, body))
@@ -382,96 +327,6 @@ impl tower::Service<Request<Body>> for Upstream {
     }
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// Hop-by-hop headers that are never forwarded (RFC 9110 §7.6.1), in
-/// addition to the ones named in `Connection`.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-];
-
-/// Removes the hop-by-hop headers and every header named by `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .collect();
-    // One pass over the few names a message has, rather than a hashed lookup for each
-    // of the nine (this runs twice per forwarded request).
-    let listed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| HOP_BY_HOP.contains(name))
-        .cloned()
-        .collect();
-    for name in named.into_iter().chain(listed) {
-        headers.remove(name);
-    }
-}
-
-/// Appends `addr`'s IP to `X-Forwarded-For`, joining all existing values
-/// into one with `", "`.
-fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
-    let ip = addr.ip().to_canonical().to_string();
-    let mut value = BytesMut::new();
-    for existing in headers.get_all(&X_FORWARDED_FOR) {
-        let existing = trim_ascii(existing.as_bytes());
-        if existing.is_empty() {
-            continue;
-        }
-        if !value.is_empty() {
-            value.put_slice(b", ");
-        }
-        value.put_slice(existing);
-    }
-    if !value.is_empty() {
-        value.put_slice(b", ");
-    }
-    value.put_slice(ip.as_bytes());
-    match HeaderValue::from_maybe_shared(value.freeze()) {
-        Ok(joined) => {
-            headers.insert(X_FORWARDED_FOR, joined);
-        }
-        Err(_) => {
-            // Cannot happen for values that came from a valid header map,
-            // but never drop the client's address.
-            if let Ok(ip) = HeaderValue::from_str(&ip) {
-                headers.append(X_FORWARDED_FOR, ip);
-            }
-        }
-    }
-}
-
-fn trim_ascii(mut bytes: &[u8]) -> &[u8] {
-    while let [first, rest @ ..] = bytes {
-        if first.is_ascii_whitespace() {
-            bytes = rest;
-        } else {
-            break;
-        }
-    }
-    while let [rest @ .., last] = bytes {
-        if last.is_ascii_whitespace() {
-            bytes = rest;
-        } else {
-            break;
-        }
-    }
-    bytes
-}
-
 /// Whether any error in `err`'s source chain is an I/O error of `kind`.
 fn has_io_kind(err: &(dyn StdError + 'static), kind: io::ErrorKind) -> bool {
     let mut current = Some(err);
@@ -504,449 +359,4 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn a_failing_upstream_is_logged_at_most_once_a_second_with_a_count() {
-        let log = FailureLog::default();
-        assert_eq!(log.admit(), Some(1));
-        let quiet = (0..1_000).filter(|_| log.admit().is_some()).count();
-        assert_eq!(quiet, 0, "no warning within the same second");
-        std::thread::sleep(std::time::Duration::from_millis(1_100));
-        assert_eq!(
-            log.admit(),
-            Some(1_001),
-            "the next one counts what was held back"
-        );
-    }
-
-    use super::*;
-
-    use std::time::Instant;
-
-    use http_body_util::BodyExt;
-    use hyper::body::{Body as HttpBody, Frame, SizeHint};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-    use tokio::sync::mpsc;
-    use tower::ServiceExt;
-
-    /// What the test upstream saw.
-    #[derive(Debug)]
-    struct Seen {
-        method: http::Method,
-        uri: Uri,
-        headers: HeaderMap,
-        body: Bytes,
-    }
-
-    /// An axum upstream that reports each request and answers `201` with
-    /// `x-reply: ok` and body `reply-body`.
-    async fn echo_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let app = axum::Router::new().fallback(move |req: Request<Body>| {
-            let tx = tx.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect().await.unwrap().to_bytes();
-                tx.send(Seen {
-                    method: parts.method,
-                    uri: parts.uri,
-                    headers: parts.headers,
-                    body,
-                })
-                .unwrap();
-                Response::builder()
-                    .status(StatusCode::CREATED)
-                    .header("x-reply", "ok")
-                    .body(Body::from("reply-body"))
-                    .unwrap()
-            }
-        });
-        (serve(app).await, rx)
-    }
-
-    async fn serve(app: axum::Router) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
-        addr
-    }
-
-    fn upstream(addr: SocketAddr, path: &str) -> Upstream {
-        Upstream::new(&format!("http://{addr}{path}"), ForwardSettings::default()).unwrap()
-    }
-
-    /// A body producing `chunks` chunks of `chunk` bytes each, one at a time.
-    struct Chunked {
-        left: usize,
-        chunk: usize,
-    }
-
-    impl HttpBody for Chunked {
-        type Data = Bytes;
-        type Error = Infallible;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            if self.left == 0 {
-                return Poll::Ready(None);
-            }
-            self.left -= 1;
-            let byte = (self.left % 251) as u8;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![byte; self.chunk])))))
-        }
-
-        fn size_hint(&self) -> SizeHint {
-            SizeHint::default()
-        }
-    }
-
-    async fn problem_of(resp: Response<Body>) -> (StatusCode, serde_json::Value) {
-        let status = resp.status();
-        assert_eq!(
-            resp.headers().get(header::CONTENT_TYPE).unwrap(),
-            "application/problem+json"
-        );
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&body).unwrap())
-    }
-
-    #[tokio::test]
-    async fn forward_passes_request_and_response_through() {
-        let (up_addr, mut seen) = echo_upstream().await;
-        let proxy = serve(axum::Router::new().fallback_service(upstream(up_addr, ""))).await;
-
-        let resp = reqwest::Client::new()
-            .put(format!("http://{proxy}/a/b%20c?x=1&y=two"))
-            .header("x-custom", "value-1")
-            .body("request-body")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        assert_eq!(resp.headers()["x-reply"], "ok");
-        assert_eq!(resp.text().await.unwrap(), "reply-body");
-
-        let seen = seen.recv().await.unwrap();
-        assert_eq!(seen.method, http::Method::PUT);
-        assert_eq!(seen.uri.path(), "/a/b%20c");
-        assert_eq!(seen.uri.query(), Some("x=1&y=two"));
-        assert_eq!(seen.body, "request-body");
-        assert_eq!(seen.headers["x-custom"], "value-1");
-        // Host is passed through as the client sent it.
-        let client_host = proxy.to_string();
-        assert_eq!(seen.headers[header::HOST], client_host.as_str());
-        assert_eq!(seen.headers["x-forwarded-host"], client_host.as_str());
-        assert_eq!(seen.headers["x-forwarded-proto"], "http");
-        assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
-    }
-
-    #[tokio::test]
-    async fn forward_prefixes_base_path() {
-        let (up_addr, mut seen) = echo_upstream().await;
-        let svc = upstream(up_addr, "/base/");
-        let req = Request::get("/items?id=7")
-            .header(header::HOST, "example.test")
-            .header("x-forwarded-proto", "https")
-            .body(Body::empty())
-            .unwrap();
-        let resp = svc.oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        let seen = seen.recv().await.unwrap();
-        assert_eq!(seen.uri.path(), "/base/items");
-        assert_eq!(seen.uri.query(), Some("id=7"));
-        assert_eq!(seen.headers[header::HOST], "example.test");
-        // Existing X-Forwarded-Proto is kept; no ConnectInfo: no XFF.
-        assert_eq!(seen.headers["x-forwarded-proto"], "https");
-        assert!(!seen.headers.contains_key("x-forwarded-for"));
-    }
-
-    /// Reads a request head (up to the blank line) from `stream`.
-    async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
-        let mut buf = Vec::new();
-        let mut byte = [0u8; 1024];
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = stream.read(&mut byte).await.unwrap();
-            assert!(n > 0, "upstream connection closed before head");
-            buf.extend_from_slice(&byte[..n]);
-        }
-        String::from_utf8(buf).unwrap()
-    }
-
-    fn header_names(head: &str) -> Vec<String> {
-        head.lines()
-            .skip(1)
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, _)| n.trim().to_ascii_lowercase())
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn forward_strips_hop_by_hop_headers_both_ways() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (head_tx, mut head_rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let head = read_head(&mut stream).await;
-            head_tx.send(head).unwrap();
-            stream
-                .write_all(
-                    b"HTTP/1.1 200 OK\r\n\
-                      Connection: x-bar, keep-alive\r\n\
-                      Keep-Alive: timeout=5\r\n\
-                      X-Bar: secret\r\n\
-                      Proxy-Authenticate: Basic\r\n\
-                      Proxy-Connection: keep-alive\r\n\
-                      Upgrade: h2c\r\n\
-                      Trailer: x-checksum\r\n\
-                      X-End-To-End: kept\r\n\
-                      Transfer-Encoding: chunked\r\n\
-                      \r\n\
-                      5\r\nhello\r\n0\r\n\r\n",
-                )
-                .await
-                .unwrap();
-            // Keep the connection open until the client is done.
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-        });
-
-        let req = Request::post("/hop")
-            .header(header::HOST, "client.test")
-            .header(header::CONNECTION, "x-foo, keep-alive")
-            .header("x-foo", "must-go")
-            .header("keep-alive", "timeout=5")
-            .header("proxy-connection", "keep-alive")
-            .header(header::TE, "trailers")
-            .header(header::TRAILER, "x-checksum")
-            .header(header::UPGRADE, "websocket")
-            .header(header::PROXY_AUTHORIZATION, "Basic Zm9vOmJhcg==")
-            .header("x-keep", "yes")
-            .body(Body::from("abc"))
-            .unwrap();
-        let resp = upstream(addr, "").oneshot(req).await.unwrap();
-
-        let head = head_rx.recv().await.unwrap();
-        let names = header_names(&head);
-        for gone in [
-            "connection",
-            "x-foo",
-            "keep-alive",
-            "proxy-connection",
-            "te",
-            "trailer",
-            "upgrade",
-            "proxy-authorization",
-            "transfer-encoding",
-        ] {
-            assert!(!names.iter().any(|n| n == gone), "{gone} forwarded: {head}");
-        }
-        assert!(names.iter().any(|n| n == "x-keep"), "{head}");
-        assert!(head.starts_with("POST /hop HTTP/1.1\r\n"), "{head}");
-
-        assert_eq!(resp.status(), StatusCode::OK);
-        for gone in [
-            "connection",
-            "keep-alive",
-            "x-bar",
-            "proxy-authenticate",
-            "proxy-connection",
-            "upgrade",
-            "trailer",
-            "transfer-encoding",
-        ] {
-            assert!(
-                !resp.headers().contains_key(gone),
-                "{gone} returned: {:?}",
-                resp.headers()
-            );
-        }
-        assert_eq!(resp.headers()["x-end-to-end"], "kept");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, "hello");
-    }
-
-    #[tokio::test]
-    async fn forward_appends_client_ip_to_x_forwarded_for() {
-        let (up_addr, mut seen) = echo_upstream().await;
-        let client: SocketAddr = "203.0.113.7:5555".parse().unwrap();
-        let mut req = Request::get("/")
-            .header(header::HOST, "client.test")
-            .header("x-forwarded-for", "198.51.100.1")
-            .header("x-forwarded-for", "198.51.100.2")
-            .body(Body::empty())
-            .unwrap();
-        req.extensions_mut().insert(ConnectInfo(client));
-        let resp = upstream(up_addr, "").oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        let seen = seen.recv().await.unwrap();
-        let xff: Vec<_> = seen.headers.get_all("x-forwarded-for").iter().collect();
-        assert_eq!(xff, ["198.51.100.1, 198.51.100.2, 203.0.113.7"]);
-    }
-
-    #[tokio::test]
-    async fn forward_streams_large_bodies() {
-        const CHUNK: usize = 64 * 1024;
-        const CHUNKS: usize = 128; // 8 MiB
-        let app = axum::Router::new()
-            .route(
-                "/download",
-                axum::routing::get(|| async {
-                    Body::new(Chunked {
-                        left: CHUNKS,
-                        chunk: CHUNK,
-                    })
-                }),
-            )
-            .route(
-                "/upload",
-                axum::routing::post(|body: Body| async move {
-                    let mut body = body;
-                    let mut total = 0usize;
-                    while let Some(frame) = body.frame().await {
-                        if let Ok(data) = frame.unwrap().into_data() {
-                            total += data.len();
-                        }
-                    }
-                    total.to_string()
-                }),
-            );
-        let addr = serve(app).await;
-        let svc = upstream(addr, "");
-
-        // Download: count and check the bytes frame by frame.
-        let req = Request::get("/download")
-            .header("host", "client.example")
-            .body(Body::empty())
-            .unwrap();
-        let resp = svc.clone().oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
-        let mut total = 0usize;
-        let mut frames = 0usize;
-        while let Some(frame) = body.frame().await {
-            let data = frame.unwrap().into_data().unwrap();
-            frames += 1;
-            // Chunk k (in sending order) is filled with `(CHUNKS - 1 - k) % 251`.
-            for (i, &b) in data.iter().enumerate() {
-                let k = (total + i) / CHUNK;
-                assert_eq!(b, ((CHUNKS - 1 - k) % 251) as u8, "byte {}", total + i);
-            }
-            total += data.len();
-        }
-        assert_eq!(total, CHUNK * CHUNKS);
-        assert!(frames > 1, "body arrived in a single frame");
-
-        // Upload: a streamed request body of unknown length.
-        let req = Request::post("/upload")
-            .header("host", "client.example")
-            .body(Body::new(Chunked {
-                left: CHUNKS,
-                chunk: CHUNK,
-            }))
-            .unwrap();
-        let resp = svc.oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, (CHUNK * CHUNKS).to_string());
-    }
-
-    #[tokio::test]
-    async fn forward_nothing_listening_is_502() {
-        let addr = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap()
-        };
-        let req = Request::get("/")
-            .header("host", "client.example")
-            .body(Body::empty())
-            .unwrap();
-        let resp = upstream(addr, "").oneshot(req).await.unwrap();
-        let (status, problem) = problem_of(resp).await;
-        assert_eq!(status, StatusCode::BAD_GATEWAY);
-        assert_eq!(problem["type"], "about:blank");
-        assert_eq!(problem["title"], "Bad Gateway");
-        assert_eq!(problem["status"], 502);
-        let detail = problem["detail"].as_str().unwrap();
-        assert!(detail.contains(&addr.to_string()), "{detail}");
-    }
-
-    #[tokio::test]
-    async fn forward_upstream_reset_before_head_is_502() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let _ = read_head(&mut stream).await;
-            drop(stream);
-        });
-        let req = Request::get("/")
-            .header("host", "client.example")
-            .body(Body::empty())
-            .unwrap();
-        let resp = upstream(addr, "").oneshot(req).await.unwrap();
-        let (status, problem) = problem_of(resp).await;
-        assert_eq!(status, StatusCode::BAD_GATEWAY);
-        assert_eq!(problem["status"], 502);
-    }
-
-    #[tokio::test]
-    async fn forward_silent_upstream_is_504() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            while let Ok(n) = stream.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        });
-        let settings = ForwardSettings {
-            response_timeout: Duration::from_millis(200),
-            ..ForwardSettings::default()
-        };
-        let svc = Upstream::new(&format!("http://{addr}"), settings).unwrap();
-        let started = Instant::now();
-        let req = Request::get("/")
-            .header("host", "client.example")
-            .body(Body::empty())
-            .unwrap();
-        let resp = svc.oneshot(req).await.unwrap();
-        let (status, problem) = problem_of(resp).await;
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(problem["title"], "Gateway Timeout");
-        assert_eq!(problem["status"], 504);
-    }
-
-    #[test]
-    fn forward_upstream_url_validation() {
-        let s = ForwardSettings::default();
-        assert!(Upstream::new("https://example.test", s)
-            .unwrap_err()
-            .contains("only http://"));
-        assert!(Upstream::new("example.test:80", s).is_err());
-        assert!(Upstream::new("http://example.test/x?q=1", s).is_err());
-        assert!(Upstream::new("not a url", s).is_err());
-        let up = Upstream::new("http://example.test:8080/api/", s).unwrap();
-        assert_eq!(up.authority(), "example.test:8080");
-        let uri = up
-            .inner
-            .upstream_uri(&"/v1/x?y=1".parse().unwrap())
-            .unwrap();
-        assert_eq!(uri, "http://example.test:8080/api/v1/x?y=1");
-    }
-}
+mod tests;

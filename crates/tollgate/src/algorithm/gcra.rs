@@ -35,10 +35,10 @@
 
 use std::time::Duration;
 
-use super::state::{ceil_div_nanos, floor_div};
+use super::bucket::{Bucket, Debt};
 use super::KeyState;
 use crate::clock::{nanos, Nanos};
-use crate::decision::{Decision, NEVER};
+use crate::decision::Decision;
 
 /// GCRA parameters: `limit` per `window`, bursts of up to `burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,38 +71,23 @@ impl Gcra {
     /// theoretical arrival time moves past the tolerance (at most one tolerance past), and
     /// nothing conforms until now has caught up with it.
     pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
-        if cost == 0 || self.limit == 0 {
-            return;
-        }
-        let w = self.window.max(1) as u128;
-        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+        self.bucket().charge(state, now, cost);
     }
 
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
-        let (limit, window) = (self.limit, self.window.max(1) as u128);
-        if limit == 0 {
-            return Decision::reject(limit, 0, 0, NEVER);
+        let (mut d, _) = self.bucket().check(state, now, cost, Debt::Rejects);
+        if !d.allowed && self.limit > 0 && cost <= self.burst {
+            // The retry is the instant `tat + increment - tolerance` less now, and an
+            // instant stops at u64::MAX ns.
+            d.retry_after = d.retry_after.min(Nanos::MAX - now);
         }
-        let t = now as u128 * limit as u128;
-        let tolerance = self.burst as u128 * window;
-        let tat = state.scaled_instant(limit).max(t);
-        let new_tat = tat + cost as u128 * window;
-        if new_tat - t <= tolerance {
-            if cost > 0 {
-                *state = state.at_least(now, limit).advanced(new_tat - tat, limit);
-            }
-            let remaining = floor_div(t + tolerance - new_tat, self.window.max(1));
-            return Decision::allow(limit, remaining, ceil_div_nanos(new_tat - t, limit));
-        }
-        let remaining = floor_div((t + tolerance).saturating_sub(tat), self.window.max(1));
-        // A cost above the burst never fits; the answer still says what is left.
-        let retry = if cost > self.burst {
-            NEVER
-        } else {
-            ceil_div_nanos(new_tat - tolerance, limit).saturating_sub(now)
-        };
-        Decision::reject(limit, remaining, ceil_div_nanos(tat - t, limit), retry)
+        d
+    }
+
+    /// The shared bucket: `tat` is its instant, the tolerance its capacity.
+    fn bucket(&self) -> Bucket {
+        Bucket::new(self.limit, self.window, self.burst)
     }
 }
 

@@ -32,10 +32,10 @@
 
 use std::time::Duration;
 
-use super::state::{ceil_div_nanos, floor_div};
+use super::bucket::{ceil_div_nanos, Bucket, Debt};
 use super::KeyState;
 use crate::clock::{nanos, Nanos};
-use crate::decision::{Decision, NEVER};
+use crate::decision::Decision;
 
 /// How a [`LeakyBucket`] treats a request that finds the bucket partly full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,51 +80,22 @@ impl LeakyBucket {
     /// rises past the bucket's size (to at most twice it), and nothing fits until it has
     /// drained below again.
     pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
-        if cost == 0 || self.limit == 0 {
-            return;
-        }
-        let w = self.window.max(1) as u128;
-        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+        self.bucket().charge(state, now, cost);
     }
 
     /// Decides a request of `cost` at `now`, filling `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
-        let (limit, w) = (self.limit, self.window.max(1));
-        if limit == 0 {
-            return Decision::reject(limit, 0, 0, NEVER);
+        let (mut d, level) = self.bucket().check(state, now, cost, Debt::Rejects);
+        if d.allowed && self.mode == LeakyMode::Queue {
+            // Waits for the work ahead of it to drain.
+            d.delay = ceil_div_nanos(level, self.limit);
         }
-        let t = now as u128 * limit as u128;
-        let capacity = self.burst as u128 * w as u128;
-        let level = state.scaled_instant(limit).saturating_sub(t);
-        let need = cost as u128 * w as u128;
-        if level + need <= capacity {
-            let new_level = level + need;
-            if cost > 0 {
-                // empty_at moves later by `need` from max(empty_at, now).
-                *state = state.at_least(now, limit).advanced(need, limit);
-            }
-            let mut d = Decision::allow(
-                limit,
-                floor_div(capacity - new_level, w),
-                ceil_div_nanos(new_level, limit),
-            );
-            if self.mode == LeakyMode::Queue {
-                d.delay = ceil_div_nanos(level, limit);
-            }
-            return d;
-        }
-        // A cost above the burst never fits; the answer still says what is left.
-        let retry = if cost > self.burst {
-            NEVER
-        } else {
-            ceil_div_nanos(level + need - capacity, limit)
-        };
-        Decision::reject(
-            limit,
-            floor_div(capacity.saturating_sub(level), w),
-            ceil_div_nanos(level, limit),
-            retry,
-        )
+        d
+    }
+
+    /// The shared bucket: `empty_at` is its instant, the level its `ahead`.
+    fn bucket(&self) -> Bucket {
+        Bucket::new(self.limit, self.window, self.burst)
     }
 }
 

@@ -18,7 +18,8 @@
 //! instant at which the key is back to "fresh" (a store may then drop it) and one
 //! algorithm-specific word. The bucket algorithms keep an exact instant as a rational
 //! number of nanoseconds (see [`KeyState`]), so a refill of `limit / window` per
-//! nanosecond loses nothing to rounding however often they are called. The sliding log
+//! nanosecond loses nothing to rounding however often they are called; the three share
+//! that arithmetic (`bucket.rs`). The sliding log
 //! keeps a [`LogState`] and the sliding window counter a [`WindowState`]; every state
 //! type says, in the same way, from which instant it is the same as a fresh one.
 //!
@@ -26,6 +27,7 @@
 //! it is what stores and the rule engine work with. `docs/algorithms.md` has the
 //! side-by-side comparison and the reasoning behind each bound.
 
+mod bucket;
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;

@@ -33,10 +33,10 @@
 
 use std::time::Duration;
 
-use super::state::{ceil_div_nanos, floor_div};
+use super::bucket::{Bucket, Debt};
 use super::KeyState;
 use crate::clock::{nanos, Nanos};
-use crate::decision::{Decision, NEVER};
+use crate::decision::Decision;
 
 /// Token bucket parameters: refill `limit` per `window`, capacity `burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,48 +70,18 @@ impl TokenBucket {
     /// has refilled past it. It owes at most one bucket: an empty bucket refills in full
     /// at most two `burst`'s refill times later.
     pub fn charge(&self, state: &mut KeyState, now: Nanos, cost: u64) {
-        if cost == 0 || self.limit == 0 {
-            return;
-        }
-        let w = self.window.max(1) as u128;
-        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+        self.bucket().charge(state, now, cost);
     }
 
     /// Decides a request of `cost` at `now`, taking tokens from `state` if it passes.
+    /// A debt leaves the bucket empty: a request of cost 0 still passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
-        let (limit, w) = (self.limit, self.window.max(1));
-        if limit == 0 {
-            return Decision::reject(limit, 0, 0, NEVER);
-        }
-        let t = now as u128 * limit as u128;
-        let capacity = self.burst as u128 * w as u128;
-        // Beyond the capacity only after a charge the bucket could not hold (a debt).
-        let owed = state.scaled_instant(limit).saturating_sub(t);
-        let tokens = capacity - owed.min(capacity);
-        let need = cost as u128 * w as u128;
-        if need <= tokens {
-            let left = tokens - need;
-            if cost > 0 {
-                // full_at moves later by `need` from max(full_at, now).
-                *state = state.at_least(now, limit).advanced(need, limit);
-            }
-            let refill_time = ceil_div_nanos(capacity - left, limit);
-            return Decision::allow(limit, floor_div(left, w), refill_time);
-        }
-        // A cost above the burst never fits; the answer still says what is left.
-        let retry = if cost > self.burst {
-            NEVER
-        } else {
-            // Until `owed` has fallen to `capacity - need`: `need - tokens` in a bucket
-            // holding no debt.
-            ceil_div_nanos(need + owed - capacity, limit)
-        };
-        Decision::reject(
-            limit,
-            floor_div(tokens, w),
-            ceil_div_nanos(owed, limit),
-            retry,
-        )
+        self.bucket().check(state, now, cost, Debt::Empties).0
+    }
+
+    /// The shared bucket: `full_at` is its instant, the tokens missing its `ahead`.
+    fn bucket(&self) -> Bucket {
+        Bucket::new(self.limit, self.window, self.burst)
     }
 }
 

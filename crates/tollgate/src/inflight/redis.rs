@@ -46,7 +46,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::{InFlight, Permit};
-use crate::store::redis::{single_connection, RedisTls};
+use crate::store::redis::{redis_address, redis_failure, single_connection, RedisTls};
 use crate::store::Error;
 
 /// Takes a permit. `KEYS[1]`: the key's sorted set. `ARGV`: lease id, lease (ms),
@@ -108,6 +108,8 @@ pub struct RedisInFlight {
 /// What the store, its permits and their renewal tasks share.
 struct Shared {
     conn: ConnectionManager,
+    /// Where `conn` connects, as errors name it.
+    address: String,
     acquire: Script,
     renew: Script,
     prefix: String,
@@ -163,13 +165,15 @@ impl RedisInFlightBuilder {
     /// Cluster (`redis+cluster://...`), which this store does not support.
     pub async fn connect(self) -> Result<RedisInFlight, Error> {
         let url = single_redis(&self.url)?;
-        let conn = single_connection(url, self.tls.as_ref()).map_err(Error::Backend)?;
+        let conn = single_connection(url, self.tls.as_ref())?;
+        let address = redis_address(url);
         let lease_ms = u64::try_from(self.lease.as_millis())
             .unwrap_or(u64::MAX)
             .clamp(1, MAX_LEASE_MS);
         Ok(RedisInFlight {
             shared: Arc::new(Shared {
                 conn,
+                address,
                 acquire: Script::new(ACQUIRE),
                 renew: Script::new(RENEW),
                 prefix: self.prefix,
@@ -185,17 +189,15 @@ impl RedisInFlightBuilder {
 /// The URL, if it names a single Redis.
 fn single_redis(url: &str) -> Result<&str, Error> {
     if url.starts_with("redis+cluster://") {
-        return Err(Error::Backend(
-            "in-flight permits need a single Redis: a Redis Cluster (`redis+cluster://`) is not supported"
-                .into(),
+        return Err(Error::backend(
+            "in-flight permits need a single Redis: a Redis Cluster (`redis+cluster://`) is not supported",
         ));
     }
     if crate::store::redis::is_single_url(url) {
         return Ok(url);
     }
-    Err(Error::Backend(
-        "not a Redis URL for in-flight permits (expected redis://host:port[/db], rediss://... or redis+unix:///path)"
-            .into(),
+    Err(Error::backend(
+        "not a Redis URL for in-flight permits (expected redis://host:port[/db], rediss://... or redis+unix:///path)",
     ))
 }
 
@@ -274,7 +276,7 @@ impl Shared {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(Error::Backend(e.to_string())),
+            Ok(Err(e)) => Err(redis_failure(e, &self.address)),
             Err(_) => Err(Error::Timeout(self.deadline)),
         }
     }
@@ -289,7 +291,7 @@ impl Shared {
         let deadline = self.deadline.max(RELEASE_DEADLINE);
         match tokio::time::timeout(deadline, zrem.query_async::<i64>(&mut conn)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Error::Backend(e.to_string())),
+            Ok(Err(e)) => Err(redis_failure(e, &self.address)),
             Err(_) => Err(Error::Timeout(deadline)),
         }
     }
@@ -456,7 +458,9 @@ mod tests {
         assert!(single_redis("redis://127.0.0.1:6379").is_ok());
         assert!(single_redis("rediss://example:6380/2").is_ok());
         match single_redis("redis+cluster://a:1,b:2") {
-            Err(Error::Backend(m)) => assert!(m.contains("Cluster"), "{m}"),
+            Err(Error::Backend { message, .. }) => {
+                assert!(message.contains("Cluster"), "{message}")
+            }
             other => panic!("a cluster URL must be refused, got {other:?}"),
         }
         assert!(single_redis("memory").is_err());

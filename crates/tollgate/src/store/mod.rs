@@ -20,7 +20,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use redis::{
     script_library, script_source, Loaded, RedisStore, RedisStoreBuilder, RedisStoreStats,
-    RedisTls, ScriptCall, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
+    RedisTls, ScriptCall, ScriptNameError, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
 };
 
 use crate::algorithm::Limit;
@@ -165,8 +165,16 @@ pub enum Error {
     #[error("the store did not answer within {0:?}")]
     Timeout(std::time::Duration),
     /// The backend answered with an error or could not be reached.
-    #[error("the store failed: {0}")]
-    Backend(String),
+    #[error("the store failed: {message}")]
+    Backend {
+        /// What failed, in words. Where the backend's own error is the cause, its text is
+        /// part of it (a connection Redis refused names the address), so that the message
+        /// alone says what happened.
+        message: String,
+        /// The backend's own error (a `redis::RedisError`), when it came from one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
     /// The backend failed repeatedly; calls are refused until a probe succeeds.
     #[error("the store's circuit breaker is open after repeated failures")]
     CircuitOpen,
@@ -177,8 +185,28 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Timeout(_) => "timeout",
-            Error::Backend(_) => "error",
+            Error::Backend { .. } => "error",
             Error::CircuitOpen => "circuit_open",
+        }
+    }
+
+    /// A backend failure that `message` describes.
+    pub fn backend(message: impl Into<String>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A backend failure caused by the backend's own error `source`; `message` says what
+    /// failed (see [`Error::Backend`]).
+    pub fn backend_caused_by(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Backend {
+            message: message.into(),
+            source: Some(Box::new(source)),
         }
     }
 }

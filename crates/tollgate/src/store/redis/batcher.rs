@@ -26,7 +26,9 @@ use std::time::Duration;
 use tokio::runtime::{Handle, Id, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
-use super::{client, invoke_all, script, Connection, RedisTls, Request, Shared};
+use super::call::{invoke_all, Request};
+use super::client::{self, Connection};
+use super::{script, RedisTls, Shared};
 use crate::store::Error;
 
 /// Most requests in one script call.
@@ -148,10 +150,10 @@ impl Batchers {
         let (reply, answer) = oneshot::channel();
         queue
             .try_send(Job { request, reply })
-            .map_err(|_| Error::Backend("too many requests wait for Redis".into()))?;
+            .map_err(|_| Error::backend("too many requests wait for Redis"))?;
         answer
             .await
-            .map_err(|_| Error::Backend("the Redis batcher stopped".into()))?
+            .map_err(|_| Error::backend("the Redis batcher stopped"))?
     }
 
     /// The queue of this runtime's batcher when the caller runs on a current-thread
@@ -344,7 +346,25 @@ async fn run_batch(shared: &Shared, conn: &Connection, jobs: Vec<Job>) {
         }
         Err(e) => {
             for job in jobs {
-                let _ = job.reply.send(Err(Error::Backend(e.to_string())));
+                let _ = job.reply.send(Err(again(&e)));
+            }
+        }
+    }
+}
+
+/// The failure of a batch's call, for each request of the batch: the same message, and
+/// the same Redis error as its source.
+fn again(e: &Error) -> Error {
+    match e {
+        Error::Timeout(after) => Error::Timeout(*after),
+        Error::CircuitOpen => Error::CircuitOpen,
+        Error::Backend { message, source } => {
+            match source
+                .as_deref()
+                .and_then(|s| s.downcast_ref::<redis::RedisError>())
+            {
+                Some(redis) => Error::backend_caused_by(message.clone(), redis.clone()),
+                None => Error::backend(message.clone()),
             }
         }
     }

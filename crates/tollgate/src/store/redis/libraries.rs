@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::Value;
 
-use super::{Connection, Shared};
+use super::client::Connection;
+use super::Shared;
 use crate::store::Error;
 
 /// Every library name this build can load (one per set of algorithms).
@@ -62,7 +63,7 @@ fn names(reply: &Value) -> Vec<String> {
 /// without functions (6.x) there is nothing to delete.
 pub(super) async fn delete_stale(shared: &Shared, conn: &Connection) -> Result<Vec<String>, Error> {
     let mut conn = conn.clone();
-    let backend = |e: redis::RedisError| Error::Backend(e.to_string());
+    let backend = |e| shared.failed(e);
     let mut list = redis::cmd("FUNCTION");
     // LIBRARYNAME takes a glob pattern.
     list.arg("LIST").arg("LIBRARYNAME").arg("tollgate_*");

@@ -122,60 +122,40 @@
 
 mod batcher;
 mod breaker;
+mod builder;
+mod call;
 mod client;
+mod functions;
 mod keys;
 mod libraries;
 mod script;
 mod warm;
 
-pub(crate) use client::single as single_connection;
+pub use builder::{RedisStoreBuilder, TimeSource};
+pub use call::ScriptCall;
+pub(crate) use client::{
+    address as redis_address, failure as redis_failure, single as single_connection,
+};
 pub use client::{is_single_url, RedisTls};
+pub use script::{script_library, script_source, ScriptNameError, SCRIPT_ALGORITHMS};
 pub use warm::{Loaded, ScriptSet};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
 
 use super::blocked::BlockedCache;
 use super::{Check, Error, Store};
-use crate::clock::{Nanos, NANOS_PER_SEC};
+use crate::clock::Nanos;
 use crate::decision::Decision;
 use batcher::Batchers;
 use breaker::Breaker;
+use call::{invoke, Call, Reply, Request, FORCED, RECEIPT, REFUND};
+use client::Connection;
 use keys::KeyNames;
-use script::{pack, Encoded, Scripts, CHECK_BYTES, FAILED};
+use script::{Encoded, Scripts, FAILED};
 use warm::Warming;
-
-/// Where the scripts take "now" from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TimeSource {
-    /// Redis `TIME`, read inside the script: every instance agrees (the default).
-    #[default]
-    Redis,
-    /// The `now` the caller passes to [`Store::check`].
-    Caller,
-}
-
-/// Settings of a [`RedisStore`]; build one with [`RedisStore::builder`].
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
-    prefix: String,
-    deadline: Duration,
-    time: TimeSource,
-    ttl_slack: Duration,
-    breaker_threshold: u32,
-    breaker_cooldown: Duration,
-    blocked_cache: usize,
-    in_flight: usize,
-    tls: Option<RedisTls>,
-    functions: bool,
-    per_thread: bool,
-}
 
 /// Counters kept by a [`RedisStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -227,297 +207,68 @@ struct Shared {
     /// Script loads and the first connection in progress: a request that waits across
     /// one and misses its deadline does not feed `breaker`.
     warming: Warming,
+    /// Where the store connects, as errors name it (`host:port`, a socket's path, or a
+    /// cluster's nodes).
+    address: String,
+    /// Whether Redis refused the last connection the store tried.
+    refused: Refused,
 }
 
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// One request's part of a script call: its packed `ARGV` argument and its `KEYS`.
-#[derive(Debug)]
-struct Request {
-    mask: u8,
-    args: Vec<u8>,
-    keys: Vec<String>,
-    checks: usize,
-    /// The receipt a refund call takes back (the `ARGV` after the request's; a refund
-    /// is alone in its call).
-    receipt: Option<Vec<u8>>,
-}
-
-/// What a script call answers: five integers per check and, for a call that asked for
-/// one (a Redis Cluster's, [`RECEIPT`]), the receipt of what it charged.
-struct Reply {
-    answers: Vec<i64>,
-    receipt: Option<Vec<u8>>,
-}
-
-/// Time mode flags of a request's packed argument (`lua/call.lua`): already rejected
-/// (by the blocked-key cache), so decided and taken back.
-const FORCED: u64 = 2;
-/// Answer the receipt of what the request charged (Redis Cluster, a request spanning
-/// slots).
-const RECEIPT: u64 = 4;
-/// Take back what the request charged, from the receipt its call answered.
-const REFUND: u64 = 8;
-
-/// Script calls in flight at once on a single Redis connection, by default: one (the
-/// requests arriving meanwhile form the next batch), which measured best on loopback.
-const IN_FLIGHT: usize = 1;
-/// The longest TTL slack (a day): keeps every TTL a script computes a valid number.
-const MAX_SLACK_MS: u64 = 86_400_000;
-
-impl RedisStoreBuilder {
-    /// Key prefix (default `tollgate`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
+impl Shared {
+    /// A Redis error of a call or of a connection, as a store error keeping it as its
+    /// source (see [`client::failure`]); a refused connection is remembered until Redis
+    /// answers again.
+    fn failed(&self, e: redis::RedisError) -> Error {
+        if e.is_connection_refusal() {
+            self.refused.set(e.clone());
+        } else {
+            self.refused.clear();
+        }
+        client::failure(e, &self.address)
     }
 
-    /// Deadline of every Redis call (default 20 ms).
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// Where "now" comes from (default [`TimeSource::Redis`]).
-    pub fn time_source(mut self, time: TimeSource) -> Self {
-        self.time = time;
-        self
-    }
-
-    /// Extra time on every key's TTL (default 1 ms, at most a day). A state that is
-    /// fresh again is kept for the slack too, so a clock stepping back by less than
-    /// the slack still finds it. Tests that pass their own time
-    /// use a long slack so that Redis does not expire keys by its own clock first.
-    pub fn ttl_slack(mut self, slack: Duration) -> Self {
-        self.ttl_slack = slack;
-        self
-    }
-
-    /// Consecutive failures that open the circuit (default 5), and how long it stays
-    /// open before a probe (default 250 ms).
-    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
-        self.breaker_threshold = threshold;
-        self.breaker_cooldown = cooldown;
-        self
-    }
-
-    /// Capacity of the blocked-key cache (default 100 000 keys; 0 turns it off).
-    pub fn blocked_cache(mut self, capacity: usize) -> Self {
-        self.blocked_cache = capacity;
-        self
-    }
-
-    /// Script calls in flight at once on each connection to a single Redis (default 1;
-    /// see [`per_thread`](Self::per_thread) for how many connections): requests that
-    /// arrive while they run are batched into the next call. More can help when Redis
-    /// is far away (a long round trip); on loopback one measured best.
-    pub fn in_flight(mut self, calls: usize) -> Self {
-        self.in_flight = calls.max(1);
-        self
-    }
-
-    /// Whether to call the scripts as Redis Functions (`FCALL`, Redis 7 and later;
-    /// default true). A function library defines the scripts' code once, when it is
-    /// loaded, where `EVALSHA` runs the whole script on every call: about 35,000 to
-    /// 40,000 Redis instructions less per call (`tools/bench-lua.sh`). Where Redis has no functions
-    /// (6.x) or its ACL forbids `FCALL` or `FUNCTION LOAD`, the store notices on the
-    /// first call, logs it once and uses `EVALSHA` from then on. False: always `EVALSHA`.
-    pub fn functions(mut self, on: bool) -> Self {
-        self.functions = on;
-        self
-    }
-
-    /// Whether callers on a current-thread tokio runtime get a batcher and a Redis
-    /// connection of that runtime (single Redis; default true): `tollgate serve`'s
-    /// workers each run one, and their requests then never cross threads on the way to
-    /// Redis and back. One more connection per such runtime, opened on its first
-    /// request and used once it answers a `PING` (the shared one serves until then).
-    /// False: every caller shares the store's one batcher and connection, so the calls
-    /// are fewer and larger. Callers on a multi-threaded runtime always share them, and
-    /// so does everyone over TLS (`rediss://`: redis-rs reads the system's certificate
-    /// store on each TLS connect, which would stall the runtime's thread).
-    pub fn per_thread(mut self, on: bool) -> Self {
-        self.per_thread = on;
-        self
-    }
-
-    /// The CA to trust and the client certificate to present over TLS (`rediss://`);
-    /// without it a TLS URL trusts the system's roots. Needs the `redis-tls` feature.
-    pub fn tls(mut self, tls: RedisTls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// Connects. A single Redis connects lazily (the store works, failing per the
-    /// failure policy, until Redis is reachable); a cluster needs one reachable node to
-    /// learn its topology.
-    pub async fn connect(self) -> Result<RedisStore, Error> {
-        let backend = |e: redis::RedisError| Error::Backend(e.to_string());
-        let mut single_url = None;
-        let conn = match parse_url(&self.url)? {
-            Target::Single(url) => {
-                let manager = client::single(&url, self.tls.as_ref()).map_err(Error::Backend)?;
-                single_url = Some(url);
-                Connection::Single(manager)
-            }
-            Target::Cluster(nodes) => {
-                let builder = redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(Duration::from_millis(250))
-                    .retries(1);
-                let client = client::cluster(builder, &self.url, self.tls.as_ref())
-                    .map_err(Error::Backend)?
-                    .build()
-                    .map_err(backend)?;
-                let conn = client.get_async_connection().await.map_err(backend)?;
-                Connection::Cluster(conn)
-            }
-        };
-        let shared = Arc::new(Shared {
-            conn,
-            scripts: Scripts::default(),
-            slack_ms: u64::try_from(self.ttl_slack.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(MAX_SLACK_MS),
-            calls: AtomicU64::new(0),
-            breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
-            errors: AtomicU64::new(0),
-            functions: AtomicBool::new(self.functions),
-            warming: Warming::default(),
-        });
-        let batchers = match (&shared.conn, single_url) {
-            (Connection::Single(_), Some(url)) => Some(Batchers::start(
-                Arc::clone(&shared),
-                shared.conn.clone(),
-                self.in_flight,
-                self.per_thread.then(|| (url, self.tls.clone())),
-            )),
-            _ => None,
-        };
-        tokio::spawn(check_version(Arc::clone(&shared)));
-        Ok(RedisStore {
-            shared,
-            batchers,
-            prefix: self.prefix,
-            deadline: self.deadline,
-            time: self.time,
-            cache: (self.blocked_cache > 0).then(|| BlockedCache::new(self.blocked_cache)),
-            timeouts: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-        })
-    }
-}
-
-/// The Lua source of the script a request using these algorithms runs (names as in
-/// rule files: `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`,
-/// `leaky_bucket`), to review it or to pre-load it with `SCRIPT LOAD`.
-pub fn script_source(algorithms: &[&str]) -> Result<String, String> {
-    Ok(script::source(algorithm_mask(algorithms)?))
-}
-
-/// The same script as a Redis Functions library, as the store loads it on Redis 7 and
-/// later: the function's name (also the library's) and the library's source, for
-/// `FUNCTION LOAD` and `FCALL name numkeys keys... args...`.
-pub fn script_library(algorithms: &[&str]) -> Result<(String, String), String> {
-    let built = script::Built::new(algorithm_mask(algorithms)?);
-    Ok((built.function, built.library))
-}
-
-/// The algorithms the scripts implement, as rule files name them, in the order of their
-/// codes in the scripts: what [`script_source`] and [`script_library`] accept.
-pub const SCRIPT_ALGORITHMS: [&str; 6] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-    "leaky_bucket",
-];
-
-/// The set of algorithm codes (bit `code - 1`) of these rule-file names.
-fn algorithm_mask(algorithms: &[&str]) -> Result<u8, String> {
-    const NAMES: [&str; 6] = SCRIPT_ALGORITHMS;
-    let mut mask = 0u8;
-    for name in algorithms {
-        match NAMES.iter().position(|n| n == name) {
-            Some(i) => mask |= 1 << i,
-            None => {
-                return Err(format!(
-                    "unknown algorithm `{name}` (expected one of: {})",
-                    NAMES.join(", ")
-                ))
-            }
+    /// What a request that missed its deadline reports: the refusal, when Redis refused
+    /// the last connection the store tried (the call waited for redis-rs's reconnection
+    /// attempts), else `timeout`.
+    fn missed(&self, timeout: Error) -> Error {
+        match self.refused.get() {
+            Some(e) => client::failure(e, &self.address),
+            None => timeout,
         }
     }
-    if mask == 0 {
-        return Err("name at least one algorithm".into());
+}
+
+/// The connection error of Redis refusing the store's last connection, until Redis
+/// answers again.
+#[derive(Default)]
+struct Refused {
+    /// Whether `error` holds one (read on every call without locking).
+    set: AtomicBool,
+    error: parking_lot::Mutex<Option<redis::RedisError>>,
+}
+
+impl Refused {
+    fn set(&self, e: redis::RedisError) {
+        *self.error.lock() = Some(e);
+        self.set.store(true, Ordering::Release);
     }
-    Ok(mask)
-}
 
-enum Target {
-    Single(String),
-    Cluster(Vec<String>),
-}
-
-/// `redis://host:port[/db]`, `rediss://...`, `redis+unix:///path` (or `unix:///path`:
-/// a Redis on this host, through its Unix socket), or `redis+cluster://h1:p1,h2:p2`
-/// (`rediss+cluster://` over TLS).
-fn parse_url(url: &str) -> Result<Target, Error> {
-    let cluster = url
-        .strip_prefix("redis+cluster://")
-        .map(|rest| ("redis", rest))
-        .or_else(|| {
-            url.strip_prefix("rediss+cluster://")
-                .map(|rest| ("rediss", rest))
-        });
-    if let Some((scheme, rest)) = cluster {
-        let nodes: Vec<String> = rest
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(|n| format!("{scheme}://{n}"))
-            .collect();
-        if nodes.is_empty() {
-            return Err(Error::Backend(format!("`{url}` names no cluster node")));
+    /// Redis answered, or failed otherwise.
+    fn clear(&self) {
+        if self.set.swap(false, Ordering::AcqRel) {
+            *self.error.lock() = None;
         }
-        return Ok(Target::Cluster(nodes));
     }
-    if client::is_single_url(url) {
-        return Ok(Target::Single(url.to_string()));
+
+    fn get(&self) -> Option<redis::RedisError> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        self.error.lock().clone()
     }
-    Err(Error::Backend(format!(
-        "`{url}` is not a Redis URL (redis://host:port, rediss://host:port, redis+unix:///path or redis+cluster://host:port,host:port)"
-    )))
 }
 
 impl RedisStore {
-    /// Settings for a store at `url`: `redis://host:port[/db]`,
-    /// `redis+cluster://host:port,host:port,...`, either over TLS (`rediss://`,
-    /// `rediss+cluster://`; see [`RedisStoreBuilder::tls`]), or a Redis on this host
-    /// through its Unix socket, `redis+unix:///path/to/redis.sock` (`?db=N` picks the
-    /// database).
-    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            prefix: "tollgate".into(),
-            deadline: Duration::from_millis(20),
-            time: TimeSource::Redis,
-            ttl_slack: Duration::from_millis(1),
-            breaker_threshold: 5,
-            breaker_cooldown: Duration::from_millis(250),
-            blocked_cache: 100_000,
-            in_flight: IN_FLIGHT,
-            tls: None,
-            functions: true,
-            per_thread: true,
-        }
-    }
-
     /// The time step, in nanoseconds, at which the scripts compute `limit`: 1 when they
     /// decide exactly as the in-memory store, 1 000, 1 000 000 or 10^9 for limits whose
     /// numbers would not fit a double at 1 ns (then "now" is truncated to the step and
@@ -619,7 +370,7 @@ impl RedisStore {
         let started = tokio::time::Instant::now();
         let mut encoded = Vec::with_capacity(checks.len());
         for c in checks {
-            encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
+            encoded.push(Encoded::new(c.limit).map_err(out_of_range)?);
         }
         let names: Vec<KeyNames> = checks
             .iter()
@@ -683,7 +434,7 @@ impl RedisStore {
         let reply = match reply {
             Ok(r) if r.answers.len() == group.len() * 5 => r,
             Ok(r) => {
-                return Err(Error::Backend(format!(
+                return Err(Error::backend(format!(
                     "the script answered {} values for {} checks",
                     r.answers.len(),
                     group.len()
@@ -699,14 +450,14 @@ impl RedisStore {
                         self.shared.breaker.failure();
                     }
                     self.timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(self.shared.missed(e));
                 }
                 return Err(e);
             }
         };
         if reply.answers.first() == Some(&FAILED) {
-            return Err(Error::Backend(
-                "the script failed on this request (see the Redis log; a key of the wrong type?)"
-                    .into(),
+            return Err(Error::backend(
+                "the script failed on this request (see the Redis log; a key of the wrong type?)",
             ));
         }
         Ok(reply)
@@ -818,441 +569,6 @@ impl RedisStore {
     }
 }
 
-/// One request as the script calls for its groups of checks see it.
-struct Call<'a, 'c> {
-    time: TimeSource,
-    now: Nanos,
-    checks: &'a [Check<'c>],
-    encoded: &'a [Encoded],
-    names: &'a [KeyNames],
-}
-
-impl Call<'_, '_> {
-    /// The request of the checks `group`, with these time mode `flags`.
-    fn request(&self, group: &[usize], flags: u64) -> Request {
-        request(
-            self.time,
-            self.now,
-            self.checks,
-            self.encoded,
-            self.names,
-            group,
-            flags,
-        )
-    }
-}
-
-/// The packed `ARGV` argument and the `KEYS` of one group of checks; `flags`: the time
-/// mode's [`FORCED`], [`RECEIPT`] or [`REFUND`], or 0.
-fn request(
-    time: TimeSource,
-    now: Nanos,
-    checks: &[Check<'_>],
-    encoded: &[Encoded],
-    names: &[KeyNames],
-    group: &[usize],
-    flags: u64,
-) -> Request {
-    let mut args = Vec::with_capacity(32 + group.len() * CHECK_BYTES);
-    let count = group.len() as u64;
-    match time {
-        TimeSource::Redis => pack(&mut args, &[flags, 0, 0, count]),
-        TimeSource::Caller => pack(
-            &mut args,
-            &[1 + flags, now / NANOS_PER_SEC, now % NANOS_PER_SEC, count],
-        ),
-    }
-    let mut keys = Vec::with_capacity(group.len());
-    let mut mask = 0u8;
-    for &i in group {
-        let (e, n) = (&encoded[i], &names[i]);
-        mask |= 1 << (e.alg - 1);
-        e.push_args(&checks[i], &mut args, flags & (RECEIPT | REFUND) != 0);
-        keys.push(n.state.clone());
-        if e.alg == 3 {
-            keys.push(n.meta());
-        }
-        if e.lockout > 0 {
-            keys.push(n.lockout());
-        }
-    }
-    Request {
-        mask,
-        args,
-        keys,
-        checks: group.len(),
-        receipt: None,
-    }
-}
-
-/// The exact script call a [`RedisStore`] makes for a request alone in its batch, or
-/// for a batch of requests: the script's source, its `KEYS` and its `ARGV`. For load
-/// tools that measure Redis's ceiling on the very same call, for tests, and for
-/// debugging.
-#[derive(Debug, Clone)]
-pub struct ScriptCall {
-    /// The Lua source (its SHA1 is what `EVALSHA` names).
-    pub source: String,
-    /// The Redis Functions form's function name, for `FCALL function numkeys KEYS...
-    /// ARGV...` (what the store sends on Redis 7 and later).
-    pub function: String,
-    /// The Redis Functions library registering it, for `FUNCTION LOAD`.
-    pub library: String,
-    /// `KEYS`.
-    pub keys: Vec<String>,
-    /// `ARGV`: TTL slack in ms, the number of requests, which argument each request is
-    /// (two bytes, 0: the first; the top bit set when a key of the request is also a
-    /// key of an earlier one), then each distinct packed request once.
-    pub args: Vec<Vec<u8>>,
-}
-
-impl ScriptCall {
-    /// The call for `checks` under `prefix`, with Redis `TIME` and a 1 ms TTL slack.
-    pub fn new(prefix: &str, checks: &[Check<'_>]) -> Result<Self, Error> {
-        Self::batch(prefix, Duration::from_millis(1), [(None, checks)])
-    }
-
-    /// One call deciding `requests` in order, as the batcher of a [`RedisStore`] with
-    /// this `prefix` and TTL `slack` makes it: each request with its time (`None`:
-    /// Redis `TIME`) and its checks.
-    pub fn batch<'a, 'c: 'a>(
-        prefix: &str,
-        slack: Duration,
-        requests: impl IntoIterator<Item = (Option<Nanos>, &'a [Check<'c>])>,
-    ) -> Result<Self, Error> {
-        let mut encoded_requests = Vec::new();
-        for (now, checks) in requests {
-            let mut encoded = Vec::with_capacity(checks.len());
-            for c in checks {
-                encoded.push(Encoded::new(c.limit).map_err(|e| Error::Backend(e.to_string()))?);
-            }
-            let names: Vec<KeyNames> = checks
-                .iter()
-                .map(|c| KeyNames::new(prefix, c.limit.id(), c.key))
-                .collect();
-            let all: Vec<usize> = (0..checks.len()).collect();
-            let time = if now.is_some() {
-                TimeSource::Caller
-            } else {
-                TimeSource::Redis
-            };
-            let now = now.unwrap_or(0);
-            encoded_requests.push(request(time, now, checks, &encoded, &names, &all, 0));
-        }
-        let refs: Vec<&Request> = encoded_requests.iter().collect();
-        let mask = refs.iter().fold(0, |m, r| m | r.mask);
-        let (index, distinct) = call_args(&refs);
-        let slack_ms = u64::try_from(slack.as_millis()).unwrap_or(MAX_SLACK_MS);
-        let mut args = vec![
-            slack_ms.min(MAX_SLACK_MS).to_string().into_bytes(),
-            refs.len().to_string().into_bytes(),
-            index,
-        ];
-        args.extend(distinct.into_iter().map(<[u8]>::to_vec));
-        static BUILT: OnceLock<Scripts> = OnceLock::new();
-        let built = BUILT.get_or_init(Scripts::default).get(mask);
-        Ok(Self {
-            source: built.source.clone(),
-            function: built.function.clone(),
-            library: built.library.clone(),
-            keys: refs.iter().flat_map(|r| r.keys.iter().cloned()).collect(),
-            args,
-        })
-    }
-
-    /// The script's reply as five integers per check (allowed: 1, 0 or -2 when the
-    /// script failed on the request; remaining; reset after; retry after, -1 for
-    /// never; delay; times in the check's ticks), or `None` if it is not such a reply.
-    pub fn answers(reply: &[u8]) -> Option<Vec<i64>> {
-        script::answers(reply)
-    }
-}
-
-/// A call's index and distinct packed requests (`ARGV[3]` and on): see `script::dedup`.
-fn call_args<'a>(requests: &[&'a Request]) -> (Vec<u8>, Vec<&'a [u8]>) {
-    script::dedup(
-        requests
-            .iter()
-            .map(|r| (r.args.as_slice(), r.keys.as_slice())),
-    )
-}
-
-/// The oldest Redis the scripts run on: `SET … KEEPTTL` came in 6.0.
-const MIN_REDIS: (u32, u32) = (6, 0);
-
-/// Asks Redis its version once, in the background, and logs an error when it is older
-/// than [`MIN_REDIS`] (the scripts would then fail on every request, each answered by
-/// its failure mode). A Redis not reachable yet is not waited for. This is the store's
-/// first contact with Redis: it makes the lazy connection of a single Redis, and the
-/// requests that miss their deadline meanwhile do not feed the circuit breaker (a
-/// connection in progress is no failure of Redis; once this attempt has failed, they do).
-async fn check_version(shared: Arc<Shared>) {
-    let mut conn = shared.conn.clone();
-    let mut cmd = redis::cmd("INFO");
-    cmd.arg("server");
-    let connecting = shared.warming.begin();
-    let info = cmd.query_async::<String>(&mut conn);
-    let info = tokio::time::timeout(Duration::from_secs(2), info).await;
-    drop(connecting);
-    let Ok(Ok(info)) = info else {
-        return;
-    };
-    if let Some((version, false)) = version_supported(&info) {
-        tracing::error!(
-            "Redis {version} is too old: Tollgate's scripts need Redis {}.{} or later; \
-             every request to it will fail and be answered by its rule's failure mode",
-            MIN_REDIS.0,
-            MIN_REDIS.1
-        );
-    }
-}
-
-/// The `redis_version` in an `INFO server` reply, and whether it is at least
-/// [`MIN_REDIS`]; `None` when the reply names no version.
-fn version_supported(info: &str) -> Option<(&str, bool)> {
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))?
-        .trim();
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
-    let major = parts.next().flatten()?;
-    let minor = parts.next().flatten().unwrap_or(0);
-    Some((version, (major, minor) >= MIN_REDIS))
-}
-
-/// One script call for one request, with the receipt it answers when it asked for one.
-async fn invoke(shared: &Shared, request: &Request) -> Result<Reply, Error> {
-    invoke_reply(shared, &shared.conn, &[request]).await
-}
-
-/// One script call deciding `requests` in order.
-async fn invoke_all(
-    shared: &Shared,
-    conn: &Connection,
-    requests: &[&Request],
-) -> Result<Vec<i64>, Error> {
-    invoke_reply(shared, conn, requests)
-        .await
-        .map(|reply| reply.answers)
-}
-
-/// One script call deciding `requests` in order: their answers, and a receipt when the
-/// (single) request asked for one.
-async fn invoke_reply(
-    shared: &Shared,
-    conn: &Connection,
-    requests: &[&Request],
-) -> Result<Reply, Error> {
-    let mask = requests.iter().fold(0, |m, r| m | r.mask);
-    let built = shared.scripts.get(mask);
-    let (index, distinct) = call_args(requests);
-    let keys = || requests.iter().flat_map(|r| r.keys.iter());
-    let receipts = || requests.iter().filter_map(|r| r.receipt.as_deref());
-    shared.calls.fetch_add(1, Ordering::Relaxed);
-    let mut conn = conn.clone();
-    let mut reply = None;
-    if shared.functions.load(Ordering::Relaxed) {
-        let mut fcall = redis::cmd("FCALL");
-        fcall
-            .arg(&built.function)
-            .arg(requests.iter().map(|r| r.keys.len()).sum::<usize>());
-        for k in keys() {
-            fcall.arg(k);
-        }
-        fcall.arg(shared.slack_ms).arg(requests.len()).arg(&index);
-        for a in &distinct {
-            fcall.arg(a);
-        }
-        for r in receipts() {
-            fcall.arg(r);
-        }
-        reply = call_function(shared, &mut conn, built, &fcall).await;
-    }
-    let reply = match reply {
-        Some(reply) => reply,
-        None => {
-            let mut evalsha = redis::cmd("EVALSHA");
-            evalsha
-                .arg(built.script.get_hash())
-                .arg(requests.iter().map(|r| r.keys.len()).sum::<usize>());
-            for k in keys() {
-                evalsha.arg(k);
-            }
-            evalsha.arg(shared.slack_ms).arg(requests.len()).arg(&index);
-            for a in &distinct {
-                evalsha.arg(a);
-            }
-            for r in receipts() {
-                evalsha.arg(r);
-            }
-            call_script(shared, &mut conn, built, &evalsha).await
-        }
-    };
-    let reply = reply.map_err(|e| e.to_string()).and_then(|value| {
-        let (bytes, receipt) = reply_parts(value)
-            .ok_or_else(|| "the script answered something else than a string".to_string())?;
-        let answers = script::answers(&bytes).ok_or_else(|| {
-            format!(
-                "the script answered {} bytes that are no answers",
-                bytes.len()
-            )
-        })?;
-        Ok(Reply { answers, receipt })
-    });
-    match reply {
-        Ok(values) => {
-            shared.breaker.success();
-            Ok(values)
-        }
-        Err(e) => {
-            shared.breaker.failure();
-            shared.errors.fetch_add(1, Ordering::Relaxed);
-            Err(Error::Backend(e))
-        }
-    }
-}
-
-/// A script's reply as its answers' string and, when it answered one, its receipt: a
-/// string, or (a call that asked for a receipt, `lua/call.lua`) an array of the two.
-fn reply_parts(value: redis::Value) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
-    match value {
-        redis::Value::BulkString(answers) => Some((answers, None)),
-        redis::Value::Array(parts) => match <[redis::Value; 2]>::try_from(parts) {
-            Ok([redis::Value::BulkString(answers), redis::Value::BulkString(receipt)]) => {
-                Some((answers, Some(receipt)))
-            }
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// Sends `fcall`: when Redis no longer has the function (a restart, a failover,
-/// `FUNCTION FLUSH`), loads the library and sends it again. `None` when Redis cannot
-/// run functions at all (no `FCALL` or `FUNCTION LOAD`, or its ACL forbids them): the
-/// store then turns to `EVALSHA` for good, and the caller sends this call that way.
-async fn call_function(
-    shared: &Shared,
-    conn: &mut Connection,
-    built: &script::Built,
-    fcall: &redis::Cmd,
-) -> Option<redis::RedisResult<redis::Value>> {
-    let first = fcall.query_async::<redis::Value>(conn).await;
-    let missing = match &first {
-        Err(e) if functions_unusable(e) => {
-            give_up_functions(shared, e);
-            return None;
-        }
-        Err(e) => function_missing(e),
-        Ok(_) => false,
-    };
-    if !missing {
-        return Some(first);
-    }
-    let loading = shared.warming.begin();
-    let loaded = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&built.library)
-        .query_async::<redis::Value>(conn)
-        .await;
-    drop(loading);
-    match loaded {
-        Ok(_) => Some(fcall.query_async::<redis::Value>(conn).await),
-        // Redis refused the library itself (no FUNCTION, an ACL, or a library it
-        // cannot compile): EVALSHA still works.
-        Err(e) if functions_unusable(&e) || library_refused(&e) => {
-            give_up_functions(shared, &e);
-            None
-        }
-        // Anything else (a transport failure, a cluster in flux, Redis still loading
-        // its data) fails this call only; the next one tries again.
-        Err(e) => Some(Err(e)),
-    }
-}
-
-/// Sends `evalsha`; when Redis does not have the script (`NOSCRIPT`: a restart, a
-/// failover, `SCRIPT FLUSH`), loads it and sends it again. The load is a load in
-/// progress, not a failure (see [`Warming`]).
-async fn call_script(
-    shared: &Shared,
-    conn: &mut Connection,
-    built: &script::Built,
-    evalsha: &redis::Cmd,
-) -> redis::RedisResult<redis::Value> {
-    match evalsha.query_async::<redis::Value>(&mut *conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            let loading = shared.warming.begin();
-            let loaded = built.script.load_async(&mut *conn).await;
-            drop(loading);
-            loaded?;
-            evalsha.query_async::<redis::Value>(conn).await
-        }
-        reply => reply,
-    }
-}
-
-/// Whether `FUNCTION LOAD` failed on the library's code (Redis answers "Error
-/// registering functions" or "Error compiling function"): a fault of this build that a
-/// retry cannot mend.
-fn library_refused(e: &redis::RedisError) -> bool {
-    refused_code(e.code(), e.detail())
-}
-
-/// [`library_refused`] on an error's code and text.
-fn refused_code(code: Option<&str>, detail: Option<&str>) -> bool {
-    code == Some("ERR")
-        && detail.is_some_and(|d| {
-            d.starts_with("Error registering functions") || d.starts_with("Error compiling")
-        })
-}
-
-/// Whether Redis answered that the called function does not exist.
-fn function_missing(e: &redis::RedisError) -> bool {
-    refusal(e.code(), e.detail()) == Refusal::Missing
-}
-
-/// Whether Redis cannot run `FCALL` at all: an unknown command (before 7.0) or an ACL
-/// refusal.
-fn functions_unusable(e: &redis::RedisError) -> bool {
-    refusal(e.code(), e.detail()) == Refusal::Unusable
-}
-
-/// What an error answered to `FCALL` says about functions.
-#[derive(Debug, PartialEq, Eq)]
-enum Refusal {
-    /// The function is not loaded: load the library and call again.
-    Missing,
-    /// Functions cannot be used here: use `EVALSHA`.
-    Unusable,
-    /// Anything else: a failure of this call.
-    Other,
-}
-
-/// Reads a Redis error by its code (`ERR`, `NOPERM`...) and the text after it.
-fn refusal(code: Option<&str>, detail: Option<&str>) -> Refusal {
-    let detail = detail.unwrap_or_default();
-    match code {
-        Some("ERR") if detail.starts_with("Function not found") => Refusal::Missing,
-        Some("ERR") if detail.to_ascii_lowercase().starts_with("unknown command") => {
-            Refusal::Unusable
-        }
-        Some("NOPERM") => Refusal::Unusable,
-        _ => Refusal::Other,
-    }
-}
-
-/// Turns the store to `EVALSHA` for good, saying why once.
-fn give_up_functions(shared: &Shared, e: &redis::RedisError) {
-    if shared.functions.swap(false, Ordering::Relaxed) {
-        tracing::warn!(
-            error = %e,
-            "Redis cannot run Tollgate's scripts as functions (FCALL); using EVALSHA, \
-             which costs Redis more per call"
-        );
-    }
-}
-
 impl Store for RedisStore {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
         self.check_by(now, checks, self.deadline).await
@@ -1267,6 +583,11 @@ impl Store for RedisStore {
         self.check_by(now, checks, deadline_within(self.deadline, budget))
             .await
     }
+}
+
+/// A limit the scripts cannot run, as a store error.
+fn out_of_range(e: script::OutOfRange) -> Error {
+    Error::backend_caused_by(e.to_string(), e)
 }
 
 /// The deadline for a caller that waits at most `budget`: the budget when it is at
@@ -1333,43 +654,72 @@ impl RedisStore {
     }
 }
 
-impl Connection {
-    fn inner(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Connection::Single(c) => c,
-            Connection::Cluster(c) => c,
-        }
-    }
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        self.inner().req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        self.inner().req_packed_commands(cmd, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Connection::Single(c) => c.get_db(),
-            Connection::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Algorithm, FixedWindow, Limit};
+
+    /// Nothing listens on a free port, so the connection is refused: the store says so
+    /// and names the address, with Redis's error as the source, whether the call itself
+    /// failed or the request's deadline passed first (once the store has seen the
+    /// refusal: the first requests wait for redis-rs's connection attempts).
+    #[test]
+    fn a_refused_connection_is_named_with_its_address_not_as_a_timeout() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            5,
+            Duration::from_secs(1),
+        )))
+        .expect("a valid limit");
+        let checks = [Check::new(&limit, "k", 1)];
+        let store = |deadline| {
+            rt.block_on(
+                RedisStore::builder(format!("redis://{address}"))
+                    .deadline(deadline)
+                    .connect(),
+            )
+            .expect("a single Redis connects lazily")
+        };
+
+        // A deadline past redis-rs's attempts to connect: the call fails itself.
+        let patient = store(Duration::from_secs(5));
+        let e = rt
+            .block_on(patient.check(0, &checks))
+            .expect_err("nothing listens");
+        assert_refused(&e, &address);
+
+        // The default deadline (20 ms) passes during those attempts.
+        let hasty = store(Duration::from_millis(20));
+        let started = std::time::Instant::now();
+        let e = loop {
+            let e = rt
+                .block_on(hasty.check(0, &checks))
+                .expect_err("nothing listens");
+            if !matches!(e, Error::Timeout(_)) || started.elapsed() > Duration::from_secs(5) {
+                break e;
+            }
+        };
+        assert_refused(&e, &address);
+    }
+
+    fn assert_refused(e: &Error, address: &str) {
+        let text = e.to_string();
+        assert!(text.contains("refused") && text.contains(address), "{text}");
+        assert_eq!(e.kind(), "error");
+        let source = std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<redis::RedisError>())
+            .map(redis::RedisError::is_connection_refusal);
+        assert_eq!(source, Some(true), "{e:?}");
+    }
 
     #[test]
     fn only_a_callers_budget_near_the_deadline_shortens_it() {
@@ -1387,103 +737,5 @@ mod tests {
         );
         assert_eq!(deadline_within(ms(20), Duration::ZERO), ms(20));
         assert_eq!(deadline_within(ms(20), ms(5_000)), ms(20), "never longer");
-    }
-
-    #[test]
-    fn a_reply_is_the_answers_or_the_answers_and_a_receipt() {
-        use redis::Value;
-        let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
-        assert_eq!(reply_parts(bulk(b"ab")), Some((b"ab".to_vec(), None)));
-        assert_eq!(
-            reply_parts(Value::Array(vec![bulk(b"ab"), bulk(b"")])),
-            Some((b"ab".to_vec(), Some(Vec::new())))
-        );
-        assert_eq!(reply_parts(Value::Array(vec![bulk(b"ab")])), None);
-        assert_eq!(
-            reply_parts(Value::Array(vec![bulk(b"a"), Value::Int(1)])),
-            None
-        );
-        assert_eq!(reply_parts(Value::Int(1)), None);
-    }
-
-    #[test]
-    fn urls_name_a_single_redis_or_a_cluster() {
-        assert!(matches!(
-            parse_url("redis://127.0.0.1:6379"),
-            Ok(Target::Single(_))
-        ));
-        match parse_url("redis+cluster://a:1, b:2") {
-            Ok(Target::Cluster(n)) => assert_eq!(n, ["redis://a:1", "redis://b:2"]),
-            _ => panic!("a cluster URL"),
-        }
-        assert!(matches!(
-            parse_url("redis+unix:///run/redis.sock"),
-            Ok(Target::Single(_))
-        ));
-        assert!(matches!(
-            parse_url("unix:///run/redis.sock"),
-            Ok(Target::Single(_))
-        ));
-        assert!(parse_url("memory").is_err());
-        assert!(parse_url("redis+cluster://").is_err());
-    }
-
-    #[test]
-    fn redis_older_than_6_0_is_named_too_old() {
-        let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
-        assert_eq!(version_supported(&info("7.0.15")), Some(("7.0.15", true)));
-        assert_eq!(version_supported(&info("6.0.0")), Some(("6.0.0", true)));
-        assert_eq!(version_supported(&info("5.0.14")), Some(("5.0.14", false)));
-        assert_eq!(version_supported(&info("10.2")), Some(("10.2", true)));
-        assert_eq!(version_supported("# Server\r\nos:Linux\r\n"), None);
-        assert_eq!(version_supported(&info("unstable")), None);
-    }
-
-    #[test]
-    fn fcall_refusals_are_read_by_code_and_text() {
-        assert_eq!(
-            refusal(Some("ERR"), Some("Function not found")),
-            Refusal::Missing
-        );
-        // Redis 6 has no FCALL (the text's quotes vary between versions).
-        assert_eq!(
-            refusal(
-                Some("ERR"),
-                Some("unknown command 'FCALL', with args beginning with: 'tollgate_ab' ")
-            ),
-            Refusal::Unusable
-        );
-        assert_eq!(
-            refusal(Some("ERR"), Some("Unknown command `FUNCTION`")),
-            Refusal::Unusable
-        );
-        assert_eq!(
-            refusal(
-                Some("NOPERM"),
-                Some("User nofn has no permissions to run the 'fcall' command")
-            ),
-            Refusal::Unusable
-        );
-        // A failure inside the script, or of the call, is the call's own.
-        assert_eq!(
-            refusal(Some("ERR"), Some("user_script:1: Script attempted ...")),
-            Refusal::Other
-        );
-        assert_eq!(refusal(Some("BUSY"), Some("Redis is busy")), Refusal::Other);
-        assert_eq!(refusal(None, None), Refusal::Other);
-        // FUNCTION LOAD's answers to a library Redis cannot take (as Redis 7.0 words
-        // them), against one it may take later (still loading its data).
-        assert!(refused_code(
-            Some("ERR"),
-            Some("Error registering functions: ERR user_function:2: Script attempted to access nonexistent global variable 'math'")
-        ));
-        assert!(refused_code(
-            Some("ERR"),
-            Some("Error compiling function: user_function:2: <name> expected")
-        ));
-        assert!(!refused_code(
-            Some("LOADING"),
-            Some("Redis is loading the dataset in memory")
-        ));
     }
 }

@@ -26,6 +26,11 @@ use crate::decision::{Decision, NEVER};
 use crate::store::{ChargeRejected, Check};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
+/// The bucket algorithms' shared arithmetic, before their own files.
+const BUCKET: &str = include_str!("lua/bucket.lua");
+/// The algorithm codes (bit `code - 1`) that use [`BUCKET`]: token bucket, GCRA, leaky
+/// bucket.
+const BUCKETS: u8 = 0b111000;
 const DRIVER: &str = include_str!("lua/driver.lua");
 const CALL: &str = include_str!("lua/call.lua");
 /// Per algorithm code (1-based): its Lua.
@@ -114,9 +119,13 @@ pub(crate) fn library(mask: u8, name: &str) -> String {
     src
 }
 
-/// The prelude, the algorithms in `mask` and the general path: definitions only.
+/// The prelude, the algorithms in `mask` (after the buckets' arithmetic, when one of
+/// them is) and the general path: definitions only.
 fn definitions(mask: u8) -> String {
     let mut src = String::from(PRELUDE);
+    if mask & BUCKETS != 0 {
+        src.push_str(BUCKET);
+    }
     for (i, module) in MODULES.iter().enumerate() {
         if mask & (1 << i) != 0 {
             src.push_str(module);
@@ -124,6 +133,59 @@ fn definitions(mask: u8) -> String {
     }
     src.push_str(DRIVER);
     src
+}
+
+/// The Lua source of the script a request using these algorithms runs (names as in
+/// rule files: `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`,
+/// `leaky_bucket`), to review it or to pre-load it with `SCRIPT LOAD`.
+pub fn script_source(algorithms: &[&str]) -> Result<String, ScriptNameError> {
+    Ok(source(algorithm_mask(algorithms)?))
+}
+
+/// The same script as a Redis Functions library, as the store loads it on Redis 7 and
+/// later: the function's name (also the library's) and the library's source, for
+/// `FUNCTION LOAD` and `FCALL name numkeys keys... args...`.
+pub fn script_library(algorithms: &[&str]) -> Result<(String, String), ScriptNameError> {
+    let built = Built::new(algorithm_mask(algorithms)?);
+    Ok((built.function, built.library))
+}
+
+/// The algorithms the scripts implement, as rule files name them, in the order of their
+/// codes in the scripts: what [`script_source`] and [`script_library`] accept.
+pub const SCRIPT_ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
+/// The set of algorithm codes (bit `code - 1`) of these rule-file names.
+fn algorithm_mask(algorithms: &[&str]) -> Result<u8, ScriptNameError> {
+    let mut mask = 0u8;
+    for name in algorithms {
+        match SCRIPT_ALGORITHMS.iter().position(|n| n == name) {
+            Some(i) => mask |= 1 << i,
+            None => return Err(ScriptNameError::Unknown((*name).to_string())),
+        }
+    }
+    if mask == 0 {
+        return Err(ScriptNameError::None);
+    }
+    Ok(mask)
+}
+
+/// Why [`script_source`] or [`script_library`] has no script for these names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScriptNameError {
+    /// A name that is not one of [`SCRIPT_ALGORITHMS`].
+    #[error("unknown algorithm `{0}` (expected one of: {names})", names = SCRIPT_ALGORITHMS.join(", "))]
+    Unknown(String),
+    /// No name at all.
+    #[error("name at least one algorithm")]
+    None,
 }
 
 /// One check as the scripts see it.

@@ -4,10 +4,10 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::client::Connection;
+use super::functions::{functions_unusable, give_up_functions, library_refused};
 use super::script::Encoded;
-use super::{
-    functions_unusable, give_up_functions, library_refused, Connection, Shared, SCRIPT_ALGORITHMS,
-};
+use super::{Shared, SCRIPT_ALGORITHMS};
 use crate::algorithm::Limit;
 use crate::rules::RuleSet;
 use crate::store::Error;
@@ -133,7 +133,7 @@ pub(super) async fn load(
     conn: &Connection,
     sets: &[ScriptSet],
 ) -> Result<Loaded, Error> {
-    let backend = |e: redis::RedisError| Error::Backend(e.to_string());
+    let backend = |e| shared.failed(e);
     let mut conn = conn.clone();
     redis::cmd("PING")
         .query_async::<redis::Value>(&mut conn)

@@ -208,21 +208,6 @@ local function ttl_ms(c, s, n)
   return ms
 end
 
--- The exact instant now + x / r (x, r in the check's scaled ticks) as a bucket state:
--- {whole seconds, ticks, deficit}, the instant being ticks - deficit / r.
-local function bucket_state(c, x)
-  local whole = cdiv(x, c.r)
-  local s, n = later(c, whole)
-  return { s, n, whole * c.r - x, 0 }
-end
-
--- The scaled distance from now to a bucket state's instant (negative when past).
-local function bucket_ahead(c, st)
-  local ahead = since(c, st[1], st[2])
-  if ahead < 0 then return ahead end
-  return ahead * c.r - st[3]
-end
-
 -- A lone check's state: `raw` as read before the first request (MGET, see PRE in
 -- driver.lua; false: none), or, when that was not read (nil), GET now. Written out in
 -- each fast path, as are the writes below: a Lua call costs Redis hundreds of
@@ -239,62 +224,4 @@ local function lone_create(key, state, ms)
   if not CALL('SET', key, state, 'PX', ms, 'NX') then
     error('tollgate: ' .. key .. ' holds a value that is not a Tollgate state')
   end
-end
-
--- For a lone bucket check (ALONE): bucket_ahead of a state as read (false: none),
--- clamped at 0 as every bucket algorithm clamps it.
-local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
-  if not raw then return 0 end
-  local s, sn, deficit = UNPACK('ddd', raw)
-  local y = sn / tick
-  local ahead = (s - ns) * tps + ((y - y % 1) - nn)
-  if ahead < 0 then return 0 end
-  return ahead * r - deficit
-end
-
--- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL,
--- over `raw` (the state read; false: none).
-local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
-  local whole = cdiv(x, r)
-  local q, n = divmod(nn + whole, tps)
-  local ms = SLACK_MS
-  if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
-  if ms < 1 then ms = 1 end
-  local state = PACK('dddd', ns + q, n * tick, whole * r - x, 0)
-  if raw then
-    CALL('SET', key, state, 'PX', px(ms))
-  else
-    lone_create(key, state, px(ms))
-  end
-end
-
--- A bucket's charge that did not fit (CHARGE[4], [5], [6]; `charge_rejected`,
--- algorithm/*.rs `charge`): the exact instant moves later by the cost, past the
--- bucket's capacity (a debt of at most one bucket: algorithm/state.rs `charged`).
-local function bucket_charge(c, st, cost)
-  if c.limit == 0 then return nil end
-  local x = bucket_ahead(c, st)
-  if x < 0 then x = 0 end
-  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
-  if new > most then new = most end
-  return bucket_state(c, new)
-end
-
--- A bucket's refund (REFUND[4], [5], [6]): the exact instant moved back by the
--- request's cost x window / limit (cost x wr in the scaled units), but by no more than
--- the charge still holds: `charged` is the instant the charge left, and a charge is
--- spent by now as far as that instant is past. Others' charges since then (each at
--- most now) only add on top of it, so what is taken back is never more than what the
--- state holds because of this request: never below the state without the charge.
-local function bucket_refund(c, st, charged, cost)
-  if c.limit == 0 then return nil end
-  local held = bucket_ahead(c, charged)
-  if held <= 0 then return nil end
-  local x = bucket_ahead(c, st)
-  if x <= 0 then return nil end
-  local d = cost * c.wr
-  if d > held then d = held end
-  x = x - d
-  if x < 0 then x = 0 end
-  return bucket_state(c, x)
 end

@@ -1,0 +1,134 @@
+-- The arithmetic the bucket algorithms share (algorithm/bucket.rs): the token bucket,
+-- GCRA and the leaky bucket keep one exact instant (see bucket_state) and decide a
+-- request the same way from how far it is ahead of now. Each algorithm's file maps
+-- itself onto bucket_alg and bucket_alone. In the script when the set holds one of
+-- them. Quantities are scaled by r = limit / gcd, in the check's ticks.
+
+-- The exact instant now + x / r (x, r in the check's scaled ticks) as a bucket state:
+-- {whole seconds, ticks, deficit}, the instant being ticks - deficit / r.
+local function bucket_state(c, x)
+  local whole = cdiv(x, c.r)
+  local s, n = later(c, whole)
+  return { s, n, whole * c.r - x, 0 }
+end
+
+-- The scaled distance from now to a bucket state's instant (negative when past).
+local function bucket_ahead(c, st)
+  local ahead = since(c, st[1], st[2])
+  if ahead < 0 then return ahead end
+  return ahead * c.r - st[3]
+end
+
+-- For a lone bucket check (ALONE): bucket_ahead of a state as read (false: none),
+-- clamped at 0 as every bucket algorithm clamps it.
+local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+  if not raw then return 0 end
+  local s, sn, deficit = UNPACK('ddd', raw)
+  local y = sn / tick
+  local ahead = (s - ns) * tps + ((y - y % 1) - nn)
+  if ahead < 0 then return 0 end
+  return ahead * r - deficit
+end
+
+-- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL,
+-- over `raw` (the state read; false: none).
+local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
+  local whole = cdiv(x, r)
+  local q, n = divmod(nn + whole, tps)
+  local ms = SLACK_MS
+  if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
+  if ms < 1 then ms = 1 end
+  local state = PACK('dddd', ns + q, n * tick, whole * r - x, 0)
+  if raw then
+    CALL('SET', key, state, 'PX', px(ms))
+  else
+    lone_create(key, state, px(ms))
+  end
+end
+
+-- A bucket's charge that did not fit (CHARGE[4], [5], [6]; `charge_rejected`,
+-- algorithm/*.rs `charge`): the exact instant moves later by the cost, past the
+-- bucket's capacity (a debt of at most one bucket: algorithm/bucket.rs `charged`).
+local function bucket_charge(c, st, cost)
+  if c.limit == 0 then return nil end
+  local x = bucket_ahead(c, st)
+  if x < 0 then x = 0 end
+  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
+  if new > most then new = most end
+  return bucket_state(c, new)
+end
+
+-- A bucket's refund (REFUND[4], [5], [6]): the exact instant moved back by the
+-- request's cost x window / limit (cost x wr in the scaled units), but by no more than
+-- the charge still holds: `charged` is the instant the charge left, and a charge is
+-- spent by now as far as that instant is past. Others' charges since then (each at
+-- most now) only add on top of it, so what is taken back is never more than what the
+-- state holds because of this request: never below the state without the charge.
+local function bucket_refund(c, st, charged, cost)
+  if c.limit == 0 then return nil end
+  local held = bucket_ahead(c, charged)
+  if held <= 0 then return nil end
+  local x = bucket_ahead(c, st)
+  if x <= 0 then return nil end
+  local d = cost * c.wr
+  if d > held then d = held end
+  x = x - d
+  if x < 0 then x = 0 end
+  return bucket_state(c, x)
+end
+
+-- The decision of a bucket (algorithm/bucket.rs `Bucket::check`): `x` how far the
+-- state's instant is ahead of now (at least 0), the check's burst, r and window / gcd.
+-- `empties`: a debt (x past the capacity) leaves the bucket empty, so a cost of 0 still
+-- fits it (the token bucket); otherwise a debt rejects any cost. `queue`: an admitted
+-- request waits for x to drain (the leaky bucket's queue). Returns the decision's five
+-- numbers, then the scaled distance from now of the instant to store (nil: none).
+local function bucket_decide(x, cost, burst, r, wr, empties, queue)
+  local capacity = burst * wr
+  local need = cost * wr
+  local filled = x
+  if empties and filled > capacity then filled = capacity end
+  if filled + need <= capacity then
+    local after = filled + need
+    local new = nil
+    if cost > 0 then new = after end
+    local delay = 0
+    if queue then delay = cdiv(x, r) end
+    return 1, fdiv(capacity - after, wr), cdiv(after, r), 0, delay, new
+  end
+  -- A cost above the burst never fits; the answer still says what is left.
+  local room = capacity - x
+  if room < 0 then room = 0 end
+  local retry = NEVER
+  if cost <= burst then retry = cdiv(x + need - capacity, r) end
+  return 0, fdiv(room, wr), cdiv(x, r), retry, 0
+end
+
+-- ALG[alg] of a bucket algorithm (the general path, driver.lua), `empties` as
+-- bucket_decide's.
+local function bucket_alg(empties)
+  return function(c, st, cost)
+    if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
+    local x = bucket_ahead(c, st)
+    if x < 0 then x = 0 end
+    local a, b, d, e, f, new = bucket_decide(x, cost, c.burst, c.r, c.wr, empties, c.queue)
+    local nst = nil
+    if new then nst = bucket_state(c, new) end
+    return { a, b, d, e, f }, nst
+  end
+end
+
+-- ALONE[alg] of a bucket algorithm (a lone check, with its state read and written
+-- here: see ALONE in fixed_window.lua), `empties` as bucket_decide's.
+local function bucket_alone(empties)
+  return function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
+    return function(key, raw)
+      if limit == 0 then return 0, 0, 0, NEVER, 0 end
+      if raw == nil then raw = CALL('GET', key) end
+      local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
+      local a, b, c, d, e, new = bucket_decide(x, cost, burst, r, wr, empties, queue)
+      if new then lone_bucket_put(key, raw, new, tick, ns, nn, tps, r) end
+      return a, b, c, d, e
+    end
+  end
+end
