@@ -12,6 +12,7 @@ Each test uses its own descriptor values: the server (and its counters) is share
 the whole module.
 """
 
+import itertools
 import json
 import os
 import re
@@ -56,11 +57,25 @@ HOUR = rls_pb2.RateLimitResponse.RateLimit.HOUR
 U32_MAX = 4294967295
 
 
+_PORTS = itertools.count(os.getpid() % 2000)
+
+
 def free_port():
-    """A loopback port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on right now.
+
+    Taken from 5000-6999, below the kernel's ephemeral range, never twice in this
+    process: a port the kernel picked for bind(0) could be picked again for a client
+    connection before the server under test binds it.
+    """
+    for n in _PORTS:
+        port = 5000 + n % 2000
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("unreachable")
 
 
 def http_status(url):

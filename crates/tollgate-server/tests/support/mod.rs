@@ -9,6 +9,7 @@ pub mod upstream;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
@@ -36,13 +37,27 @@ pub fn tempdir(name: &str) -> PathBuf {
     dir
 }
 
-/// A loopback port nobody listens on (a small race until the process binds it).
+/// A loopback port nobody listens on, for a process under test to bind.
+///
+/// Taken below the kernel's ephemeral range (32768 and up on Linux), from a counter
+/// that never hands a port out twice in this test binary: a port the kernel picked for
+/// `bind(…:0)` could be picked again for another test's upstream or client before the
+/// process under test binds it, and that test would then talk to the wrong listener.
+/// Redis servers of the same binary take theirs from 10000–29999 (`redis_server.rs`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 30_000;
+    const COUNT: u32 = 2_700;
+    // Another test binary running at the same time starts elsewhere in the range.
+    let start = std::process::id() % COUNT;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < COUNT, "no free port left in {FIRST}..{}", FIRST + COUNT);
+        let port = (FIRST + (start + n) % COUNT) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Server {

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// One `redis-server`, killed when dropped.
@@ -127,11 +128,24 @@ impl TlsFiles {
 }
 
 /// A port that is free, and whose cluster bus port (+10000) is free too.
+///
+/// Taken from 10000–19999 (buses 20000–29999), below the kernel's ephemeral range, from
+/// a counter that never hands a port out twice in this test binary: a port the kernel
+/// picked for `bind(…:0)` could be picked again for another test's listener or client
+/// before `redis-server` binds it.
 pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 10_000;
+    const COUNT: u32 = 10_000;
+    // Another test binary running at the same time starts elsewhere in the range.
+    let start = std::process::id() % COUNT;
     loop {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < COUNT, "no free port left in {FIRST}..{}", FIRST + COUNT);
+        let port = (FIRST + (start + n) % COUNT) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }
