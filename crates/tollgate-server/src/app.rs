@@ -333,6 +333,7 @@ async fn run(args: ServeArgs) -> ExitCode {
         warmer.start(warm::reported(warmed_rx, count)).await;
     }
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let maintainer = crate::store::Maintainer::start(service.limiter.store());
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
         .then(|| tokio::spawn(follow_rules(Arc::clone(&service), stop_rx.clone())));
@@ -372,7 +373,11 @@ async fn run(args: ServeArgs) -> ExitCode {
     if let Some(follower) = follower {
         follower.abort();
     }
-    workers::drain(args.common.drain_timeout, acceptors, done).await
+    let code = workers::drain(args.common.drain_timeout, acceptors, done).await;
+    if let Some(maintainer) = maintainer {
+        maintainer.stop().await;
+    }
+    code
 }
 
 /// How a worker serves its two listeners' connections.

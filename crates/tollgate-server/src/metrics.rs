@@ -19,6 +19,11 @@
 //! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
 //! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
 //! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open |
+//! | `tollgate_leases_total`, `tollgate_leases_refused_total` | | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
+//! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total` | | units leased, and units that expired unspent (the cause of under-admission) |
+//! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
+//! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total`, `tollgate_synced_units_total` | | sync calls (`consistency: synced`), those that failed, units pushed |
+//! | `tollgate_sync_lag_seconds` | | time since the last sync call that succeeded (0 before the first) |
 //! | `tollgate_connections` | listener | connections open |
 //! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
 //! | `tollgate_accept_errors_total` | listener | `accept` calls that failed for want of resources (file descriptors) | Label sets are capped so that no traffic can grow them without
@@ -39,6 +44,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use tollgate::clock::{Clock, SystemClock};
 use tollgate::limiter::{Code, RateLimitRequest, RateLimitResponse};
 use tollgate::rules::Rules;
 use tollgate::store::MemoryStore;
@@ -113,6 +119,7 @@ pub struct Metrics {
     redis_calls: Counter,
     circuit_opened: Counter,
     circuit_open: Gauge,
+    scale_out: ScaleOutMetrics,
     connections: Family<ListenerLabels, Gauge>,
     connections_capped: Family<ListenerLabels, Counter>,
     accept_errors: Family<ListenerLabels, Counter>,
@@ -207,6 +214,7 @@ impl Metrics {
         let redis_calls = Counter::default();
         let circuit_opened = Counter::default();
         let circuit_open = Gauge::default();
+        let scale_out = ScaleOutMetrics::register(&mut registry);
         let connections = Family::<ListenerLabels, Gauge>::default();
         let connections_capped = Family::<ListenerLabels, Counter>::default();
         let accept_errors = Family::<ListenerLabels, Counter>::default();
@@ -341,6 +349,7 @@ impl Metrics {
             redis_calls,
             circuit_opened,
             circuit_open,
+            scale_out,
             connections,
             connections_capped,
             accept_errors,
@@ -480,6 +489,9 @@ impl Metrics {
             sync(&self.circuit_opened, r.circuit_opened);
             self.circuit_open.set(i64::from(r.open_now));
         }
+        if let Some(scale) = store.scale_out() {
+            self.scale_out.render(&scale.stats(), sync);
+        }
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
         sync(&self.store_evictions, stats.evictions);
@@ -489,6 +501,114 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+/// Leased and synced counting's figures.
+struct ScaleOutMetrics {
+    leases: Counter,
+    refused: Counter,
+    units: Counter,
+    expired: Counter,
+    local: Family<ConsistencyLabels, Counter>,
+    sync_calls: Counter,
+    sync_failures: Counter,
+    synced_units: Counter,
+    sync_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConsistencyLabels {
+    consistency: &'static str,
+}
+
+impl ScaleOutMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            leases: Counter::default(),
+            refused: Counter::default(),
+            units: Counter::default(),
+            expired: Counter::default(),
+            local: Family::default(),
+            sync_calls: Counter::default(),
+            sync_failures: Counter::default(),
+            synced_units: Counter::default(),
+            sync_lag: Gauge::default(),
+        };
+        registry.register(
+            "leases",
+            "Leases taken from the store (consistency: leased)",
+            m.leases.clone(),
+        );
+        registry.register(
+            "leases_refused",
+            "Lease calls the store refused for want of room",
+            m.refused.clone(),
+        );
+        registry.register(
+            "leased_units",
+            "Units leased from the store",
+            m.units.clone(),
+        );
+        registry.register(
+            "leased_units_expired",
+            "Leased units that expired unspent",
+            m.expired.clone(),
+        );
+        registry.register(
+            "local_decisions",
+            "Checks decided without a store call, per consistency",
+            m.local.clone(),
+        );
+        registry.register(
+            "sync_calls",
+            "Sync calls (consistency: synced)",
+            m.sync_calls.clone(),
+        );
+        registry.register(
+            "sync_failures",
+            "Sync calls that failed (their units are sent again)",
+            m.sync_failures.clone(),
+        );
+        registry.register(
+            "synced_units",
+            "Units pushed to the store by sync calls",
+            m.synced_units.clone(),
+        );
+        registry.register(
+            "sync_lag_seconds",
+            "Seconds since the last sync call that succeeded (0 before the first)",
+            m.sync_lag.clone(),
+        );
+        m
+    }
+
+    fn render(&self, s: &tollgate::store::ScaleOutStats, sync: impl Fn(&Counter, u64)) {
+        sync(&self.leases, s.leases_taken);
+        sync(&self.refused, s.leases_refused);
+        sync(&self.units, s.units_leased);
+        sync(&self.expired, s.units_expired);
+        sync(
+            &self.local.get_or_create(&ConsistencyLabels {
+                consistency: "leased",
+            }),
+            s.leased_local,
+        );
+        sync(
+            &self.local.get_or_create(&ConsistencyLabels {
+                consistency: "synced",
+            }),
+            s.synced_local,
+        );
+        sync(&self.sync_calls, s.sync_calls);
+        sync(&self.sync_failures, s.sync_failures);
+        sync(&self.synced_units, s.units_synced);
+        let lag = if s.last_sync == 0 {
+            0.0
+        } else {
+            SystemClock.now().saturating_sub(s.last_sync) as f64 / 1e9
+        };
+        self.sync_lag.set(lag);
     }
 }
 

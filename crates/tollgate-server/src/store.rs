@@ -1,19 +1,26 @@
-//! [`AnyStore`]: the store `--store` selects, behind one type the limiter runs on.
+//! [`AnyStore`]: the store `--store` selects, behind one type the limiter runs on; and
+//! [`Maintainer`], the task that exchanges synced counts with Redis.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tollgate::clock::Nanos;
+use tollgate::clock::SystemClock;
 use tollgate::decision::Decision;
-use tollgate::store::{self, Check, MemoryStore, RedisStore, RedisTls, Store, TimeSource};
+use tollgate::store::{
+    self, Check, MemoryStore, RedisStore, RedisTls, ScaleOut, Store, TimeSource,
+};
 
 /// `memory`, or a Redis / Redis Cluster store.
 pub enum AnyStore {
     /// The embedded in-memory store.
     Memory(MemoryStore),
-    /// Redis (`redis://`) or Redis Cluster (`redis+cluster://`); shared with the
-    /// warm-up (`warm.rs`), which loads the scripts of reloaded rules.
-    Redis(Arc<RedisStore>),
+    /// Redis (`redis://`) or Redis Cluster (`redis+cluster://`), shared with the
+    /// warm-up (`warm.rs`), which loads the scripts of reloaded rules; decided through
+    /// leased and synced counting for the limits whose `consistency` asks for it.
+    Redis(Arc<RedisStore>, ScaleOut<Arc<RedisStore>>),
 }
 
 /// How to open a store.
@@ -71,7 +78,10 @@ impl AnyStore {
         builder
             .connect()
             .await
-            .map(|s| Self::Redis(Arc::new(s)))
+            .map(|s| {
+                let s = Arc::new(s);
+                Self::Redis(Arc::clone(&s), ScaleOut::new(s))
+            })
             .map_err(|e| e.to_string())
     }
 
@@ -79,8 +89,8 @@ impl AnyStore {
     pub fn name(&self) -> &'static str {
         match self {
             AnyStore::Memory(_) => "memory",
-            AnyStore::Redis(r) if r.is_cluster() => "redis-cluster",
-            AnyStore::Redis(_) => "redis",
+            AnyStore::Redis(r, _) if r.is_cluster() => "redis-cluster",
+            AnyStore::Redis(..) => "redis",
         }
     }
 
@@ -88,7 +98,7 @@ impl AnyStore {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             AnyStore::Memory(m) => Some(m),
-            AnyStore::Redis(_) => None,
+            AnyStore::Redis(..) => None,
         }
     }
 
@@ -96,7 +106,15 @@ impl AnyStore {
     pub fn redis(&self) -> Option<&Arc<RedisStore>> {
         match self {
             AnyStore::Memory(_) => None,
-            AnyStore::Redis(r) => Some(r),
+            AnyStore::Redis(r, _) => Some(r),
+        }
+    }
+
+    /// Leased and synced counting in front of Redis, when that is the store.
+    pub fn scale_out(&self) -> Option<&ScaleOut<Arc<RedisStore>>> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(_, s) => Some(s),
         }
     }
 }
@@ -127,7 +145,7 @@ impl Store for AnyStore {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, store::Error> {
         match self {
             AnyStore::Memory(m) => Ok(m.check_all(now, checks)),
-            AnyStore::Redis(r) => r.check(now, checks).await,
+            AnyStore::Redis(_, s) => s.check(now, checks).await,
         }
     }
 
@@ -139,7 +157,40 @@ impl Store for AnyStore {
     ) -> Result<Vec<Decision>, store::Error> {
         match self {
             AnyStore::Memory(m) => Ok(m.check_all(now, checks)),
-            AnyStore::Redis(r) => r.check_within(now, checks, budget).await,
+            AnyStore::Redis(_, s) => s.check_within(now, checks, budget).await,
         }
+    }
+}
+
+/// The task that exchanges synced counts with Redis every `sync_interval` and forgets
+/// idle leased and synced keys; stopped after the listeners drained, it sends what is
+/// still pending.
+pub struct Maintainer {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// How long the last push of synced counts may take when stopping.
+const FLUSH_WITHIN: Duration = Duration::from_secs(2);
+
+impl Maintainer {
+    /// Starts it for `store`, when it is Redis.
+    pub fn start(store: &AnyStore) -> Option<Self> {
+        let scale = store.scale_out()?.clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stopped.await;
+            };
+            scale.maintain(SystemClock, stopped, FLUSH_WITHIN).await;
+        });
+        Some(Self { stop, task })
+    }
+
+    /// Stops it, once the synced counts still pending are sent (or [`FLUSH_WITHIN`]
+    /// passed).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
     }
 }

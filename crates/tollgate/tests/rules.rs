@@ -57,6 +57,35 @@ mod errors {
     }
 
     #[test]
+    fn consistency_settings_are_checked_with_their_place() {
+        let e = errors("domain: d\nconsistency: eventually\nlease_period: 0ms\ndescriptors:\n  - key: k\n    sync_interval: 2m\n    rate_limit: {unit: second, requests_per_unit: 1}\n");
+        assert_eq!(
+            e,
+            [
+                "2:14: unknown consistency `eventually` (expected exact, leased or synced)",
+                "3:15: `lease_period` must be a duration from 1ms to 60s, such as 50ms, 100ms or 1s",
+                "6:20: `sync_interval` must be a duration from 1ms to 60s, such as 50ms, 100ms or 1s",
+            ]
+        );
+    }
+
+    #[test]
+    fn limits_that_cannot_be_leased_or_synced_say_why_where_they_are() {
+        let e = errors(
+            "domain: d\nconsistency: leased\ndescriptors:\n  - key: log\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log}\n  - key: window\n    consistency: synced\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n  - key: queue\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: leaky_bucket, mode: queue}\n  - key: lockout\n    rate_limit: {unit: second, requests_per_unit: 5, block_duration: 1m}\n  - key: fine\n    consistency: exact\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log}\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "5:18: `consistency: leased` cannot count this sliding_log limit: a sliding_log keeps each request's instant, which a count taken elsewhere cannot keep; give it `consistency: exact` (on its descriptor)",
+                "8:18: `consistency: synced` cannot count this sliding_window limit: a sliding_window weighs counts by when they were made, which a count taken elsewhere cannot keep; give it `consistency: exact` (on its descriptor)",
+                "10:18: `consistency: leased` cannot count this leaky_bucket limit: a queue's delay is decided on the shared state, request by request; give it `consistency: exact` (on its descriptor)",
+                "12:18: `consistency: leased` cannot count this fixed_window limit: a lockout (`block_duration`) starts on one shared rejection; give it `consistency: exact` (on its descriptor)",
+            ]
+        );
+    }
+
+    #[test]
     fn charge_rejected_and_metadata_are_checked() {
         let e = errors("domain: d\ncharge_rejected: sometimes\ndescriptors:\n  - key: k\n    charge_rejected: [all]\n    metadata: just text\n");
         assert_eq!(
@@ -72,7 +101,7 @@ mod errors {
     #[test]
     fn an_unknown_key_is_named_with_its_place() {
         let e = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 1}\n");
-        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor, charge_rejected)"]);
+        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor, charge_rejected, consistency, lease_period, sync_interval)"]);
     }
 
     #[test]
@@ -385,7 +414,7 @@ mod errors {
         assert_eq!(set.domains().len(), 1);
         assert_eq!(
             errors("\u{feff}domain: d\nextra: 1\n"),
-            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, charge_rejected)"]
+            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, charge_rejected, consistency, lease_period, sync_interval)"]
         );
         #[cfg(feature = "tower")]
         assert!(tollgate::http::config::from_str("f.yaml", text)
@@ -1139,4 +1168,30 @@ mod reload {
         signal_hook::low_level::raise(signal_hook::consts::SIGHUP).unwrap();
         assert!(wait_for(&rules, 11));
     }
+}
+
+/// `consistency`, `lease_period` and `sync_interval` are inherited like `failure_mode`:
+/// a descriptor's own settings win, the rest come from above.
+#[test]
+fn consistency_is_inherited_by_nested_descriptors() {
+    use tollgate::algorithm::Consistency;
+    let set = from_str(
+        "f.yaml",
+        "domain: d\nconsistency: leased\nlease_period: 50ms\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 10}\n    descriptors:\n      - key: b\n        consistency: synced\n        rate_limit: {unit: second, requests_per_unit: 10}\n        descriptors:\n          - key: c\n            consistency: exact\n            rate_limit: {unit: second, requests_per_unit: 10}\n  - key: d\n    lease_period: 1s\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra}\n",
+    )
+    .unwrap();
+    let domain = set.domains()[0];
+    let of = |key: &str| {
+        domain
+            .rules()
+            .iter()
+            .find(|r| r.key == key)
+            .map(|r| r.limits[0].limit.consistency())
+            .unwrap()
+    };
+    const MS: u64 = 1_000_000;
+    assert_eq!(of("a"), Consistency::Leased { period: 50 * MS });
+    assert_eq!(of("b"), Consistency::Synced { interval: 100 * MS });
+    assert_eq!(of("c"), Consistency::Exact);
+    assert_eq!(of("d"), Consistency::Leased { period: 1_000 * MS });
 }

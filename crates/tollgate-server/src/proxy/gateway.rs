@@ -193,6 +193,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let maintainer = crate::store::Maintainer::start(service.limiter.store());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     match admin_addr {
         Some(addr) => admin_access.warn_if_open(addr),
@@ -225,5 +226,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     sweeper.abort();
     let mut tasks = vec![acceptor];
     tasks.extend(admin.into_iter().flatten());
-    workers::drain(args.common.drain_timeout, tasks, done).await
+    let code = workers::drain(args.common.drain_timeout, tasks, done).await;
+    if let Some(maintainer) = maintainer {
+        maintainer.stop().await;
+    }
+    code
 }

@@ -61,6 +61,42 @@ pub struct Limit {
     algorithm: Algorithm,
     lockout: Option<Lockout>,
     id: u64,
+    consistency: Consistency,
+}
+
+/// How instances that share a store count a limit (a rule file's `consistency`). Only a
+/// store shared by several instances reads it (`store::ScaleOut`, feature `redis`);
+/// one instance counting in its own memory is exact whatever it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Consistency {
+    /// Every decision is made by the shared store: one round trip each, exact.
+    #[default]
+    Exact,
+    /// Each instance takes blocks of units (leases) from the shared store and decides
+    /// locally until they are spent; together the instances never admit more than the
+    /// limit. `period` is how long one lease should last at the instance's own rate.
+    Leased {
+        /// How long one lease should last at the instance's current rate, in ns.
+        period: Nanos,
+    },
+    /// Each instance decides locally against the last count it read plus its own, and
+    /// exchanges counts with the shared store every `interval`: over-admission is bounded
+    /// by what the other instances admit within one interval.
+    Synced {
+        /// How often counts are exchanged with the shared store, in ns.
+        interval: Nanos,
+    },
+}
+
+impl Consistency {
+    /// The name used in rule files: `exact`, `leased` or `synced`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Consistency::Exact => "exact",
+            Consistency::Leased { .. } => "leased",
+            Consistency::Synced { .. } => "synced",
+        }
+    }
 }
 
 /// Why a [`Limit`] could not be built.
@@ -91,7 +127,41 @@ impl Limit {
             algorithm,
             lockout: None,
             id: h.finish(),
+            consistency: Consistency::Exact,
         })
+    }
+
+    /// Counts the limit as `consistency` says on a shared store (see [`Consistency`]).
+    pub fn with_consistency(mut self, consistency: Consistency) -> Self {
+        self.consistency = consistency;
+        self
+    }
+
+    /// How instances sharing a store count this limit.
+    pub fn consistency(&self) -> Consistency {
+        self.consistency
+    }
+
+    /// Why this limit cannot be counted as its [`Consistency`] says, if it cannot:
+    /// leases and synced counts need a limit whose room is one number (the fixed
+    /// window, and the token bucket, GCRA and leaky bucket as meters), no lockout (it
+    /// is started by one shared rejection) and no queue (its delay is decided on the
+    /// shared state).
+    pub fn consistency_conflict(&self) -> Option<&'static str> {
+        if self.consistency == Consistency::Exact {
+            return None;
+        }
+        match self.algorithm {
+            Algorithm::SlidingLog(_) => Some("a sliding_log keeps each request's instant, which a count taken elsewhere cannot keep"),
+            Algorithm::SlidingWindow(_) => Some("a sliding_window weighs counts by when they were made, which a count taken elsewhere cannot keep"),
+            Algorithm::LeakyBucket(b) if b.mode == super::LeakyMode::Queue => {
+                Some("a queue's delay is decided on the shared state, request by request")
+            }
+            _ if self.lockout.is_some() => {
+                Some("a lockout (`block_duration`) starts on one shared rejection")
+            }
+            _ => None,
+        }
     }
 
     /// Locks a key out for `duration` from its first rejection (see [`Lockout`]).

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::Unit;
 use crate::algorithm::{
-    Algorithm, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit, SlidingLog,
-    SlidingWindow, TokenBucket,
+    Algorithm, Consistency, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 
 /// The algorithm-related settings of one limit, kept so that a request's override of
@@ -19,6 +19,8 @@ pub(crate) struct LimitSpec {
     pub(super) block: Duration,
     pub(super) queue: bool,
     pub(super) overage_percent: u64,
+    /// How instances sharing a store count it (inherited from the descriptors above).
+    pub(super) consistency: Consistency,
 }
 
 /// The algorithms a rule file names.
@@ -106,7 +108,10 @@ impl LimitSpec {
                 Algorithm::LeakyBucket(LeakyBucket::new(n, w, mode).with_burst(burst))
             }
         };
-        Ok(Limit::new(algorithm)?.with_lockout(self.block).with_id(id))
+        Ok(Limit::new(algorithm)?
+            .with_lockout(self.block)
+            .with_id(id)
+            .with_consistency(self.consistency))
     }
 }
 

@@ -13,6 +13,7 @@ use super::metadata::Metadata;
 use super::spec::{bucket_out_of_range, AlgorithmName, LimitSpec, ALGORITHMS};
 use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
 use super::{FailureMode, Unit};
+use crate::algorithm::Consistency;
 use crate::store::ChargeRejected;
 
 /// Collects errors for one file.
@@ -121,10 +122,14 @@ impl<'a> Reader<'a> {
                 "failure_mode",
                 "local_fallback_divisor",
                 "charge_rejected",
+                "consistency",
+                "lease_period",
+                "sync_interval",
             ],
             "the top level",
         );
         let failure = self.failure_mode(top);
+        let consistency = self.consistency(top);
         let charge = self.charge_rejected(top);
         let domain = match top
             .get_scalar("domain")
@@ -169,6 +174,7 @@ impl<'a> Reader<'a> {
             span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
             failure,
             charge,
+            consistency,
             descriptors,
         })
     }
@@ -276,10 +282,14 @@ impl<'a> Reader<'a> {
                 "failure_mode",
                 "local_fallback_divisor",
                 "charge_rejected",
+                "consistency",
+                "lease_period",
+                "sync_interval",
             ],
             "a descriptor",
         );
         let failure = self.failure_mode(map);
+        let consistency = self.consistency(map);
         let charge = self.charge_rejected(map);
         let metadata = match map.get_node("metadata") {
             Some(n) if !n.as_scalar().is_some_and(is_null) => {
@@ -346,14 +356,14 @@ impl<'a> Reader<'a> {
             (Some(one), None) if one.as_scalar().is_some_and(is_null) => {}
             (Some(one), None) => match self.rate_limit(one, true) {
                 Some(DraftLimit::Unlimited) => unlimited = true,
-                Some(DraftLimit::Limited(l)) => limits.push(l),
+                Some(DraftLimit::Limited(l)) => limits.push(*l),
                 None => {}
             },
             (None, Some(many)) => match many.as_sequence() {
                 Some(seq) if !seq.is_empty() => {
                     for item in seq.iter() {
                         if let Some(DraftLimit::Limited(l)) = self.rate_limit(item, false) {
-                            limits.push(l);
+                            limits.push(*l);
                         }
                     }
                 }
@@ -382,6 +392,7 @@ impl<'a> Reader<'a> {
             quota_mode,
             failure,
             charge,
+            consistency,
             metadata,
             children,
         })
@@ -454,6 +465,46 @@ impl<'a> Reader<'a> {
             );
         }
         mode
+    }
+
+    /// `consistency`, `lease_period` and `sync_interval` of a domain or descriptor, each
+    /// `None` when absent (inherited from above).
+    fn consistency(&mut self, map: &MarkedMappingNode) -> DraftConsistency {
+        let mode = map.get_node("consistency").and_then(|n| {
+            match n.as_scalar().map(MarkedScalarNode::as_str) {
+                Some("exact") => Some(ConsistencyMode::Exact),
+                Some("leased") => Some(ConsistencyMode::Leased),
+                Some("synced") => Some(ConsistencyMode::Synced),
+                other => {
+                    self.error(
+                        n.span(),
+                        format!(
+                            "unknown consistency `{}` (expected exact, leased or synced)",
+                            other.unwrap_or("")
+                        ),
+                    );
+                    None
+                }
+            }
+        });
+        let mut period = |name: &str| {
+            let n = map.get_node(name)?;
+            match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
+                Some(d) if (MIN_SCALE_PERIOD..=MAX_SCALE_PERIOD).contains(&d) => Some(d),
+                _ => {
+                    self.error(
+                        n.span(),
+                        format!("`{name}` must be a duration from 1ms to 60s, such as 50ms, 100ms or 1s"),
+                    );
+                    None
+                }
+            }
+        };
+        DraftConsistency {
+            mode,
+            lease_period: period("lease_period"),
+            sync_interval: period("sync_interval"),
+        }
     }
 
     /// A flag: `None` when absent or null (Envoy's service reads both as false).
@@ -638,14 +689,14 @@ impl<'a> Reader<'a> {
             self.error(&span, "a sliding_log keeps one entry per request: use sliding_window above 100000 per unit");
             return None;
         }
-        Some(DraftLimit::Limited(DraftRateLimit {
+        Some(DraftLimit::Limited(Box::new(DraftRateLimit {
             span: Self::start(map),
             name,
             requests_per_unit: rpu,
             unit,
             replaces,
             spec,
-        }))
+        })))
     }
 
     fn replaces(&mut self, map: &MarkedMappingNode) -> Vec<(String, Span)> {
@@ -813,6 +864,58 @@ fn is_null(scalar: &MarkedScalarNode) -> bool {
     scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
 }
 
+/// The shortest `lease_period` and `sync_interval`.
+const MIN_SCALE_PERIOD: Duration = Duration::from_millis(1);
+/// The longest `lease_period` and `sync_interval`: units leased or counted longer ago
+/// than this say little about the shared count.
+const MAX_SCALE_PERIOD: Duration = Duration::from_secs(60);
+/// A lease's period when the rule file gives none.
+const DEFAULT_LEASE_PERIOD: Duration = Duration::from_millis(100);
+/// A sync interval when the rule file gives none.
+const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The counting mode a rule file names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConsistencyMode {
+    Exact,
+    Leased,
+    Synced,
+}
+
+/// A domain's or descriptor's `consistency` settings as written: each `None` when
+/// absent, taken from the level above.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DraftConsistency {
+    mode: Option<ConsistencyMode>,
+    lease_period: Option<Duration>,
+    sync_interval: Option<Duration>,
+}
+
+impl DraftConsistency {
+    /// These settings over `parent`'s: what is given here wins.
+    fn over(self, parent: DraftConsistency) -> DraftConsistency {
+        DraftConsistency {
+            mode: self.mode.or(parent.mode),
+            lease_period: self.lease_period.or(parent.lease_period),
+            sync_interval: self.sync_interval.or(parent.sync_interval),
+        }
+    }
+
+    /// The limit's [`Consistency`].
+    fn resolve(self) -> Consistency {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        match self.mode {
+            None | Some(ConsistencyMode::Exact) => Consistency::Exact,
+            Some(ConsistencyMode::Leased) => Consistency::Leased {
+                period: ns(self.lease_period.unwrap_or(DEFAULT_LEASE_PERIOD)),
+            },
+            Some(ConsistencyMode::Synced) => Consistency::Synced {
+                interval: ns(self.sync_interval.unwrap_or(DEFAULT_SYNC_INTERVAL)),
+            },
+        }
+    }
+}
+
 /// The longest `block_duration`: a year.
 const MAX_BLOCK: Duration = Duration::from_secs(365 * 86_400);
 
@@ -842,6 +945,7 @@ pub(crate) struct DraftDomain {
     pub(crate) file: String,
     pub(crate) span: Span,
     pub(crate) failure: Option<FailureMode>,
+    pub(crate) consistency: DraftConsistency,
     pub(crate) charge: Option<ChargeRejected>,
     pub(crate) descriptors: Vec<DraftRule>,
     /// The file's gateway section.
@@ -877,6 +981,7 @@ pub(crate) struct DraftRule {
     quota_mode: bool,
     failure: Option<FailureMode>,
     charge: Option<ChargeRejected>,
+    consistency: DraftConsistency,
     metadata: Option<Metadata>,
     children: Vec<DraftRule>,
 }
@@ -884,7 +989,7 @@ pub(crate) struct DraftRule {
 #[derive(Debug)]
 enum DraftLimit {
     Unlimited,
-    Limited(DraftRateLimit),
+    Limited(Box<DraftRateLimit>),
 }
 
 #[derive(Debug)]
@@ -914,7 +1019,11 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
     let charge_rejected = drafts.iter().find_map(|d| d.charge);
     for draft in drafts {
         let file = draft.file;
-        let inherited = (draft.failure.unwrap_or_default(), draft.charge);
+        let inherited = (
+            draft.failure.unwrap_or_default(),
+            draft.charge,
+            draft.consistency,
+        );
         c.level(&file, &mut root, draft.descriptors, None, "", inherited);
     }
     let Compiler {
@@ -961,11 +1070,12 @@ impl Compiler<'_> {
         drafts: Vec<DraftRule>,
         parent: Option<RuleId>,
         path: &str,
-        inherited: (FailureMode, Option<ChargeRejected>),
+        inherited: (FailureMode, Option<ChargeRejected>, DraftConsistency),
     ) {
         for d in drafts {
             let failure_mode = d.failure.unwrap_or(inherited.0);
             let charge_rejected = d.charge.or(inherited.1);
+            let consistency = d.consistency.over(inherited.2);
             let divisor = match failure_mode {
                 FailureMode::LocalFallback { divisor } => divisor,
                 _ => 1,
@@ -1010,7 +1120,8 @@ impl Compiler<'_> {
                 continue;
             }
             let mut limits = Vec::new();
-            for (index, l) in d.limits.into_iter().enumerate() {
+            for (index, mut l) in d.limits.into_iter().enumerate() {
+                l.spec.consistency = consistency.resolve();
                 if let Some(n) = &l.name {
                     self.names.insert(n.clone());
                 }
@@ -1027,6 +1138,23 @@ impl Compiler<'_> {
                                 .build_divided(l.requests_per_unit, l.unit, id, divisor)?;
                         Ok((limit, fallback))
                     });
+                if let Ok((limit, _)) = &built {
+                    if let Some(why) = limit.consistency_conflict() {
+                        let (line, column) =
+                            l.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                        self.errors.push(ConfigError {
+                            file: file.to_string(),
+                            line,
+                            column,
+                            message: format!(
+                                "`consistency: {}` cannot count this {} limit: {why}; give it `consistency: exact` (on its descriptor)",
+                                limit.consistency().name(),
+                                limit.algorithm().name(),
+                            ),
+                        });
+                        continue;
+                    }
+                }
                 match built {
                     Ok((limit, fallback)) => limits.push(RuleLimit {
                         name: l.name,
@@ -1078,7 +1206,7 @@ impl Compiler<'_> {
                 d.children,
                 Some(id),
                 &stat_path,
-                (failure_mode, charge_rejected),
+                (failure_mode, charge_rejected, consistency),
             );
             self.rules[id].children = children;
         }

@@ -9,9 +9,15 @@
 
 #[cfg(feature = "redis")]
 mod blocked;
+#[cfg(feature = "redis")]
+pub mod lease;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+mod scale_out;
+#[cfg(feature = "redis")]
+pub mod sync;
 
 use std::future::Future;
 
@@ -22,6 +28,8 @@ pub use redis::{
     script_library, script_source, Loaded, RedisStore, RedisStoreBuilder, RedisStoreStats,
     RedisTls, ScriptCall, ScriptNameError, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
 };
+#[cfg(feature = "redis")]
+pub use scale_out::{ScaleOut, ScaleOutStats, DEFAULT_MAX_KEYS};
 
 use crate::algorithm::Limit;
 use crate::clock::Nanos;
@@ -242,6 +250,25 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
         let _ = budget;
         self.check(now, checks)
+    }
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn check<'a>(
+        &'a self,
+        now: Nanos,
+        checks: &'a [Check<'a>],
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
+        (**self).check(now, checks)
+    }
+
+    fn check_within<'a>(
+        &'a self,
+        now: Nanos,
+        checks: &'a [Check<'a>],
+        budget: std::time::Duration,
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
+        (**self).check_within(now, checks, budget)
     }
 }
 

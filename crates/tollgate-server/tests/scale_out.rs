@@ -1,0 +1,204 @@
+//! Leased and synced counting (`consistency: leased | synced`) between `tollgate serve`
+//! instances on one real Redis: never over the limit with leases, few Redis calls, leases
+//! spent while Redis is down and then the failure mode, synced counts reaching Redis
+//! within two intervals and flushed on SIGTERM.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use serde_json::Value;
+use support::{tempdir, Server};
+
+const LEASED: [&str; 4] = ["fixed_window", "token_bucket", "gcra", "leaky_bucket"];
+
+/// `POST /v1/check` of `{domain: {descriptor: value}}`: the status and the first
+/// descriptor's `remaining`.
+async fn check(
+    client: &reqwest::Client,
+    server: &str,
+    domain: &str,
+    entry: (&str, &str),
+) -> (u16, u64) {
+    let body = serde_json::json!({"domain": domain, "descriptors": [{entry.0: entry.1}]});
+    let r = client
+        .post(format!("{server}/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    let remaining = v["descriptors"][0]["remaining"].as_u64().unwrap_or(0);
+    (status, remaining)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_leased_instances_never_pass_the_limit_and_rarely_call_redis() {
+    let redis = RedisServer::start();
+    let dir = tempdir("scale-leased");
+    let mut rules =
+        String::from("domain: leased\nconsistency: leased\nlease_period: 100ms\ndescriptors:\n");
+    for alg in LEASED {
+        rules.push_str(&format!(
+            "  - key: alg\n    value: {alg}\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: {alg}}}\n"
+        ));
+    }
+    std::fs::write(dir.join("leased.yaml"), rules).unwrap();
+    let store = redis.url();
+    let args = [
+        "--store",
+        store.as_str(),
+        "--redis-deadline",
+        "5s",
+        "--workers",
+        "2",
+    ];
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        servers.push(Server::start(&dir, &args).await);
+    }
+    let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
+    for alg in LEASED {
+        support::minute::away_from_a_minute_boundary(20);
+        let calls_before = redis.script_calls();
+        let sent = Arc::new(AtomicU64::new(0));
+        let admitted = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        // 100 calls in flight, 3,000 in all, spread over the four instances.
+        let mut clients = Vec::new();
+        for c in 0..100 {
+            let (sent, admitted, urls) = (sent.clone(), admitted.clone(), urls.clone());
+            clients.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let server = &urls[c % urls.len()];
+                while sent.fetch_add(1, Ordering::Relaxed) < 3_000 {
+                    match check(&client, server, "leased", ("alg", alg)).await.0 {
+                        200 => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        429 => {}
+                        other => panic!("status {other}"),
+                    }
+                }
+            }));
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let admitted = admitted.load(Ordering::Relaxed);
+        let calls = redis.script_calls() - calls_before;
+        // A bucket refills 1000/60 per second while the test runs.
+        let most = if alg == "fixed_window" {
+            1_000
+        } else {
+            1_000 + (1_000.0 * elapsed / 60.0).ceil() as u64
+        };
+        assert!(
+            (980..=most).contains(&admitted),
+            "{alg}: {admitted} admitted in {elapsed:.2}s (at most {most})"
+        );
+        assert!(
+            calls * 10 < 3_000,
+            "{alg}: {calls} Redis calls for 3,000 decisions"
+        );
+        eprintln!("{alg}: {admitted} admitted, {calls} Redis calls, {elapsed:.2}s");
+    }
+    let leases = servers[0].metric("tollgate_leases_total ").await.unwrap();
+    assert!(leases > 0, "leases are counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_hand_are_spent_while_redis_is_down_then_the_failure_mode_applies() {
+    let mut redis = RedisServer::start();
+    let dir = tempdir("scale-down");
+    std::fs::write(
+        dir.join("down.yaml"),
+        "domain: down\nconsistency: leased\nlease_period: 5s\nfailure_mode: fail_closed\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100000}\n",
+    )
+    .unwrap();
+    let store = redis.url();
+    let server = Server::start(&dir, &["--store", store.as_str(), "--workers", "1"]).await;
+    support::minute::away_from_a_minute_boundary(25);
+    let client = reqwest::Client::new();
+    // A steady rate: leases grow to about five seconds' worth.
+    for _ in 0..200 {
+        assert_eq!(
+            check(&client, &server.http, "down", ("k", "v")).await.0,
+            200
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    redis.kill();
+    // What is in hand is spent without Redis.
+    let mut admitted = 0;
+    let mut refused = 0;
+    for _ in 0..400 {
+        match check(&client, &server.http, "down", ("k", "v")).await.0 {
+            200 if refused == 0 => admitted += 1,
+            200 => panic!("admitted after the leases ran out, with Redis down"),
+            _ => refused += 1,
+        }
+    }
+    assert!(admitted >= 10, "{admitted} admitted from leases in hand");
+    assert!(refused > 0, "fail_closed once the leases ran out");
+    redis.restart();
+    // Leasing resumes once Redis answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while check(&client, &server.http, "down", ("k", "v")).await.0 != 200 {
+        assert!(Instant::now() < deadline, "leasing never resumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synced_counts_reach_redis_within_two_intervals_and_on_sigterm() {
+    let redis = RedisServer::start();
+    let dir = tempdir("scale-synced");
+    std::fs::write(
+        dir.join("synced.yaml"),
+        "domain: fast\nconsistency: synced\nsync_interval: 100ms\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("slow.yaml"),
+        "domain: slow\nconsistency: synced\nsync_interval: 60s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    support::minute::away_from_a_minute_boundary(20);
+    let store = redis.url();
+    let args = ["--store", store.as_str(), "--workers", "1"];
+    let mut a = Server::start(&dir, &args).await;
+    let b = Server::start(&dir, &args).await;
+    let client = reqwest::Client::new();
+    for _ in 0..50 {
+        assert_eq!(check(&client, &a.http, "fast", ("k", "v")).await.0, 200);
+        assert_eq!(check(&client, &b.http, "fast", ("k", "v")).await.0, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A third instance's first decision is made in Redis: it sees all 100, and its own.
+    let c = Server::start(&dir, &args).await;
+    let (status, remaining) = check(&client, &c.http, "fast", ("k", "v")).await;
+    assert_eq!((status, remaining), (200, 1_000 - 100 - 1));
+
+    // Within a 60 s interval nothing is pushed; SIGTERM pushes it.
+    for _ in 0..30 {
+        assert_eq!(check(&client, &a.http, "slow", ("k", "v")).await.0, 200);
+    }
+    a.terminate();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, remaining) = check(&client, &c.http, "slow", ("k", "v")).await;
+    assert_eq!((status, remaining), (200, 1_000 - 30 - 1));
+}

@@ -1,0 +1,470 @@
+//! Leased counting (`consistency: leased`): blocks of units an instance took from the
+//! shared store, spent locally, never more than the limit allows.
+//!
+//! A lease is taken by charging the shared store, with the limit's own exact algorithm,
+//! for as many units as fit (up to the size asked): so all instances together never
+//! hold more than the limit has room for. What this module adds is when a unit in hand
+//! may still be spent:
+//! - **fixed window**: until the window it was charged in ends (the instant the store
+//!   answered as `reset_after`, counted from before the call was sent);
+//! - **token bucket, GCRA, leaky bucket (meter)**: a bucket refills whether its tokens
+//!   are spent or not, so a unit charged at `t0` and spent later could let a refilled
+//!   bucket be spent twice. A lease whose charge left the bucket full again at `X` may
+//!   spend at `t` at most `(X − t) × limit / window` of its units (the debt its charge
+//!   still holds), and the rest expire. Summed over every lease of every instance, what
+//!   is in hand then never exceeds what the shared bucket is short of full, so admitting
+//!   from leases is admitting from the bucket itself.
+//!
+//! A lease's size follows the key's own recent rate on this instance (about
+//! `lease_period` worth, at least the request's cost, at most four times the last lease
+//! and half of what the store said was left), so a hot key costs the store about one
+//! call per `lease_period` and a cold key one call per decision. Leases are spent
+//! oldest first and kept apart (each with its own expiry) so that the bound above holds.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::algorithm::{Algorithm, Limit};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+
+/// How many leases an instance keeps in hand per key at most; a further lease waits
+/// until one is spent or expired.
+const MAX_LEASES_PER_KEY: usize = 4;
+
+/// One block of units in hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Which lease of its key this is (to give units back to it).
+    pub seq: u64,
+    /// Units not yet spent.
+    pub units: u64,
+    /// When its units expire: the window's end, or for a bucket the instant the charge
+    /// left it full again.
+    pub until: Nanos,
+    /// A bucket's lease: what may be spent shrinks at the refill rate until `until`.
+    pub decays: bool,
+    /// The refill rate, `limit` units per `window` (used when `decays`).
+    pub limit: u64,
+    /// See `limit`.
+    pub window: Nanos,
+}
+
+impl Lease {
+    /// A lease of `units` for `limit`, taken by a call sent at `sent`, whose answer said
+    /// the key is fresh again `reset_after` later.
+    pub fn new(limit: &Limit, seq: u64, units: u64, sent: Nanos, reset_after: Nanos) -> Self {
+        Self {
+            seq,
+            units,
+            // `reset_after` is rounded up to the nanosecond: 1 ns less is never late.
+            until: sent.saturating_add(reset_after.saturating_sub(1)),
+            decays: decays(limit),
+            limit: limit.limit(),
+            window: limit.window(),
+        }
+    }
+
+    /// Drops the units that can no longer be spent at `now` for good (a bucket's lease
+    /// past the debt its charge still holds, any lease past its end), returning how many.
+    /// A unit beyond the debt must never come back into reach by spending others: once
+    /// over, it is gone.
+    pub fn settle(&mut self, now: Nanos) -> u64 {
+        let usable = self.usable(now);
+        let lost = self.units - usable;
+        self.units = usable;
+        lost
+    }
+
+    /// The units that may be spent at `now`.
+    pub fn usable(&self, now: Nanos) -> u64 {
+        if now >= self.until {
+            return 0;
+        }
+        if !self.decays {
+            return self.units;
+        }
+        let held = u128::from(self.until - now) * u128::from(self.limit) / u128::from(self.window);
+        self.units.min(u64::try_from(held).unwrap_or(u64::MAX))
+    }
+}
+
+/// Whether a limit's leases shrink as its bucket refills (every algorithm but the fixed
+/// window that can be leased).
+fn decays(limit: &Limit) -> bool {
+    !matches!(limit.algorithm(), Algorithm::FixedWindow(_))
+}
+
+/// The size of the next lease of a key: about `period` worth at the rate its last
+/// leases were spent (`spent` units in the `elapsed` since the last lease was taken),
+/// at least `cost`, at most four times the `last` size asked and half of what the store
+/// said was `left`, and never more than the limit.
+pub fn next_size(
+    cost: u64,
+    last: u64,
+    spent: u64,
+    elapsed: Nanos,
+    period: Nanos,
+    left: Option<u64>,
+    limit: u64,
+) -> u64 {
+    if last == 0 {
+        // A key this instance has not leased before: one decision's worth, as an exact
+        // store would charge it.
+        return cost;
+    }
+    let rate = u128::from(spent) * u128::from(period) / u128::from(elapsed.max(1));
+    let mut size = u64::try_from(rate).unwrap_or(u64::MAX);
+    size = size.min(last.saturating_mul(4));
+    if let Some(left) = left {
+        size = size.min(left / 2);
+    }
+    size.min(limit).max(cost)
+}
+
+/// Units spent from a key's leases by one check, to give back if its request is
+/// rejected.
+#[derive(Debug, Default)]
+pub struct Spent {
+    pieces: Vec<(u64, u64)>,
+}
+
+/// What an instance knows of one key of one limit.
+#[derive(Debug)]
+struct Entry {
+    limit: Limit,
+    key: Box<[u8]>,
+    leases: VecDeque<Lease>,
+    next_seq: u64,
+    /// The size of the last lease asked for (0: none yet).
+    size: u64,
+    /// When the last lease was taken.
+    taken_at: Nanos,
+    /// Units spent since the last lease was taken.
+    spent: u64,
+    /// What the store said was left after the last lease.
+    left: Option<u64>,
+    /// The key is over its limit: leases are not asked for again before this.
+    blocked_until: Nanos,
+    /// The decision that blocked it, for the requests it turns away.
+    blocked: Option<Decision>,
+    /// When the key's state is fresh again, as the last lease's answer said.
+    reset_at: Nanos,
+    last_used: Nanos,
+    /// A lease call in flight: other requests wait for it instead of calling too.
+    leasing: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// What a check may do with a key's leases at `now`.
+pub enum Local {
+    /// Decided from the units in hand.
+    Decided(Decision, Spent),
+    /// The key is over its limit (a lease was refused a moment ago).
+    Blocked(Decision),
+    /// Another request of this instance is taking a lease: wait for it, then try again.
+    Wait(tokio::sync::futures::OwnedNotified),
+    /// No unit in hand: take a lease of this size (the caller must then call
+    /// [`Leases::taken`] or [`Leases::failed`]).
+    Lease(u64),
+    /// The table is full: decide this check in the shared store.
+    Exact,
+}
+
+/// Counters of leased counting.
+#[derive(Debug, Default)]
+pub struct LeaseCounters {
+    /// Leases granted (some units).
+    pub taken: AtomicU64,
+    /// Units granted by leases.
+    pub units: AtomicU64,
+    /// Units that expired unspent (a window ended, a bucket refilled past them, the key
+    /// went idle): the cause of under-admission.
+    pub expired: AtomicU64,
+    /// Lease calls the store refused for want of room.
+    pub refused: AtomicU64,
+    /// Checks decided from units in hand.
+    pub local: AtomicU64,
+}
+
+/// Every key's leases on this instance, in shards.
+pub struct Leases {
+    shards: Box<[Mutex<HashMap<u64, Entry>>]>,
+    per_shard: usize,
+    /// The counters.
+    pub counters: LeaseCounters,
+}
+
+impl Leases {
+    /// A table of at most about `max_keys` keys.
+    pub fn new(max_keys: usize) -> Self {
+        let n = 16;
+        Self {
+            shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: (max_keys / n).max(1),
+            counters: LeaseCounters::default(),
+        }
+    }
+
+    fn shard(&self, fp: u64) -> &Mutex<HashMap<u64, Entry>> {
+        &self.shards[(fp as usize) % self.shards.len()]
+    }
+
+    /// What `cost` of `key` under `limit` (leased every `period`) may do at `now`.
+    pub fn spend(&self, limit: &Limit, key: &[u8], cost: u64, now: Nanos, period: Nanos) -> Local {
+        let fp = fingerprint(limit, key);
+        let mut shard = self.shard(fp).lock();
+        if !shard.contains_key(&fp) && shard.len() >= self.per_shard {
+            return Local::Exact;
+        }
+        let e = shard.entry(fp).or_insert_with(|| Entry {
+            limit: *limit,
+            key: key.into(),
+            leases: VecDeque::new(),
+            next_seq: 0,
+            size: 0,
+            taken_at: now,
+            spent: 0,
+            left: None,
+            blocked_until: 0,
+            blocked: None,
+            reset_at: now,
+            last_used: now,
+            leasing: None,
+        });
+        if e.limit != *limit || *e.key != *key {
+            // Two keys with one fingerprint: the later is decided exactly.
+            return Local::Exact;
+        }
+        e.last_used = now;
+        let expired = drop_spent(&mut e.leases, now);
+        self.counters.expired.fetch_add(expired, Ordering::Relaxed);
+        let usable: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
+        if usable >= cost {
+            let mut spent = Spent::default();
+            let mut need = cost;
+            for l in e.leases.iter_mut() {
+                if need == 0 {
+                    break;
+                }
+                let take = l.usable(now).min(need);
+                if take > 0 {
+                    l.units -= take;
+                    need -= take;
+                    spent.pieces.push((l.seq, take));
+                }
+            }
+            e.spent = e.spent.saturating_add(cost);
+            self.counters.local.fetch_add(1, Ordering::Relaxed);
+            let in_hand: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
+            let remaining = e
+                .left
+                .unwrap_or(0)
+                .saturating_add(in_hand)
+                .min(limit.limit());
+            let d = Decision::allow(limit.limit(), remaining, e.reset_at.saturating_sub(now));
+            return Local::Decided(d, spent);
+        }
+        if now < e.blocked_until {
+            if let Some(mut d) = e.blocked {
+                d.retry_after = d.retry_after.min(e.blocked_until - now).max(1);
+                d.reset_after = e.reset_at.saturating_sub(now);
+                return Local::Blocked(d);
+            }
+        }
+        if let Some(n) = &e.leasing {
+            // Made under the lock: the lease's answer, which wakes it, takes the lock too.
+            return Local::Wait(Arc::clone(n).notified_owned());
+        }
+        if e.leases.len() >= MAX_LEASES_PER_KEY {
+            return Local::Exact;
+        }
+        let size = next_size(
+            cost.saturating_sub(usable),
+            e.size,
+            e.spent,
+            now.saturating_sub(e.taken_at),
+            period,
+            e.left,
+            limit.limit(),
+        );
+        e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
+        Local::Lease(size)
+    }
+
+    /// A lease call sent at `sent` for `asked` units answered `d` (charged with `units`,
+    /// or refused when `units` is 0): the units go in hand, or the key is blocked until
+    /// a retry could pass (at most one `period`). Wakes the requests that waited.
+    #[allow(clippy::too_many_arguments)]
+    pub fn taken(
+        &self,
+        limit: &Limit,
+        key: &[u8],
+        asked: u64,
+        units: u64,
+        d: &Decision,
+        sent: Nanos,
+        period: Nanos,
+    ) {
+        let fp = fingerprint(limit, key);
+        let mut shard = self.shard(fp).lock();
+        let Some(e) = shard.get_mut(&fp) else { return };
+        if let Some(n) = e.leasing.take() {
+            n.notify_waiters();
+        }
+        e.reset_at = sent.saturating_add(d.reset_after);
+        if units == 0 {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            e.blocked_until = sent.saturating_add(d.retry_after.min(period).max(1));
+            e.blocked = Some(*d);
+            e.left = Some(d.remaining);
+            return;
+        }
+        self.counters.taken.fetch_add(1, Ordering::Relaxed);
+        self.counters.units.fetch_add(units, Ordering::Relaxed);
+        let seq = e.next_seq;
+        e.next_seq += 1;
+        e.leases
+            .push_back(Lease::new(limit, seq, units, sent, d.reset_after));
+        e.size = asked;
+        e.taken_at = sent;
+        e.spent = 0;
+        e.left = Some(d.remaining);
+        e.blocked_until = 0;
+        e.blocked = None;
+    }
+
+    /// A lease call failed: the requests that waited for it try again themselves.
+    pub fn failed(&self, limit: &Limit, key: &[u8]) {
+        let fp = fingerprint(limit, key);
+        let mut shard = self.shard(fp).lock();
+        if let Some(n) = shard.get_mut(&fp).and_then(|e| e.leasing.take()) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Gives back what a check spent, its request being rejected.
+    pub fn give_back(&self, limit: &Limit, key: &[u8], spent: &Spent, cost: u64) {
+        let fp = fingerprint(limit, key);
+        let mut shard = self.shard(fp).lock();
+        let Some(e) = shard.get_mut(&fp) else { return };
+        for &(seq, n) in &spent.pieces {
+            if let Some(l) = e.leases.iter_mut().find(|l| l.seq == seq) {
+                l.units += n;
+            }
+        }
+        e.spent = e.spent.saturating_sub(cost);
+    }
+
+    /// Forgets keys not used for `idle` whose leases are spent or expired, counting
+    /// what expired unspent. Returns how many keys are kept.
+    pub fn sweep(&self, now: Nanos, idle: Nanos) -> usize {
+        let mut kept = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.retain(|_, e| {
+                let expired = drop_spent(&mut e.leases, now);
+                self.counters.expired.fetch_add(expired, Ordering::Relaxed);
+                e.leasing.is_some()
+                    || !e.leases.is_empty()
+                    || now.saturating_sub(e.last_used) < idle
+                    || now < e.blocked_until
+            });
+            kept += shard.len();
+        }
+        kept
+    }
+
+    /// Units in hand at `now`, over every key (for tests and metrics).
+    pub fn in_hand(&self, now: Nanos) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .values()
+                    .flat_map(|e| e.leases.iter())
+                    .map(|l| l.usable(now))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+/// Settles every lease at `now` (see [`Lease::settle`]) and drops those left empty,
+/// returning the units that expired unspent.
+fn drop_spent(leases: &mut VecDeque<Lease>, now: Nanos) -> u64 {
+    let mut expired = 0;
+    leases.retain_mut(|l| {
+        expired += l.settle(now);
+        l.units > 0
+    });
+    expired
+}
+
+/// A key's place in the tables of leased and synced keys: its limit (id and numbers)
+/// and its bytes.
+pub(crate) fn fingerprint(limit: &Limit, key: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    limit.id().hash(&mut h);
+    limit.algorithm().hash(&mut h);
+    key.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{FixedWindow, TokenBucket};
+    use std::time::Duration;
+
+    const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn a_window_lease_holds_until_the_window_ends() {
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            100,
+            Duration::from_secs(1),
+        )))
+        .unwrap();
+        let l = Lease::new(&limit, 0, 10, 1_000, 500 * MS);
+        assert_eq!(l.usable(1_000), 10);
+        assert_eq!(l.usable(1_000 + 499 * MS), 10);
+        assert_eq!(l.usable(1_000 + 500 * MS), 0);
+    }
+
+    #[test]
+    fn a_bucket_lease_shrinks_with_the_debt_its_charge_still_holds() {
+        // 1000 per second: one unit per ms.
+        let limit = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+            1_000,
+            Duration::from_secs(1),
+        )))
+        .unwrap();
+        // The charge left the bucket full again 10 ms later: 10 units of debt.
+        let l = Lease::new(&limit, 0, 10, 0, 10 * MS);
+        assert_eq!(l.usable(0), 10);
+        assert_eq!(l.usable(4 * MS), 6);
+        assert_eq!(l.usable(10 * MS), 0);
+        // Full again far later (others' debt before ours): all ten stay until then.
+        let l = Lease::new(&limit, 0, 10, 0, 500 * MS);
+        assert_eq!(l.usable(490 * MS), 10);
+        assert_eq!(l.usable(495 * MS), 5);
+    }
+
+    #[test]
+    fn lease_sizes_follow_the_rate_within_their_bounds() {
+        let ms = MS;
+        // First lease: the cost.
+        assert_eq!(next_size(1, 0, 0, 0, 100 * ms, None, 1_000), 1);
+        // 10 units spent in 10 ms: 100 per 100 ms, but at most 4x the last (1).
+        assert_eq!(next_size(1, 1, 10, 10 * ms, 100 * ms, None, 1_000), 4);
+        assert_eq!(next_size(1, 50, 10, 10 * ms, 100 * ms, None, 1_000), 100);
+        // Half of what is left, at least the cost; never past the limit.
+        assert_eq!(next_size(1, 50, 10, 10 * ms, 100 * ms, Some(60), 1_000), 30);
+        assert_eq!(next_size(3, 50, 10, 10 * ms, 100 * ms, Some(1), 1_000), 3);
+        assert_eq!(next_size(1, 500, 1_000, ms, 100 * ms, None, 80), 80);
+    }
+}

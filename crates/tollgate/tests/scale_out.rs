@@ -1,0 +1,409 @@
+//! Leased and synced counting (`ScaleOut`) between several instances sharing one store.
+//!
+//! The shared store here is a `MemoryStore`: the algorithms' Rust arithmetic, which the
+//! Redis scripts are held to by the differential tests (`redis_store.rs`). Leasing adds
+//! no arithmetic to the store (a lease is a charge by the limit's own algorithm), so
+//! what is checked here is the instances' side: with any interleaving of decisions,
+//! leases, window turns and refills, lost calls and lost answers, and instances that
+//! crash and start again, the instances together never admit more than the limit.
+//!
+//! - a deterministic simulation over 10,000 seeds (a failing seed is printed; replay it
+//!   with `SCALE_OUT_SEED=<seed>`);
+//! - a property test of all-or-nothing requests mixing leased, synced and exact checks;
+//! - synced counting's exchange: what each instance admits reaches the store by its
+//!   next sync, and the over-admission stays within what the others admit in one
+//!   interval.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::algorithm::{
+    Algorithm, Consistency, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, TokenBucket,
+};
+use tollgate::clock::Nanos;
+use tollgate::decision::Decision;
+use tollgate::store::{Check, Error, MemoryStore, ScaleOut, Store};
+
+const MS: Nanos = 1_000_000;
+
+/// `SCALE_OUT_TRACE=1`: print every step of a simulated run (with `SCALE_OUT_SEED`).
+fn tracing_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SCALE_OUT_TRACE").is_ok())
+}
+
+/// A small deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The shared store as the network shows it to one instance: a call may be lost on
+/// the way (nothing changes), or its answer lost (the store changed, the instance is
+/// told it failed). Faults are drawn from a shared schedule.
+struct Network {
+    store: Arc<MemoryStore>,
+    faults: Arc<parking_lot::Mutex<Rng>>,
+    /// Percent of calls lost before the store, and of answers lost after it.
+    lost_calls: u64,
+    lost_answers: u64,
+    /// The store is unreachable (a partition) while this is set.
+    partitioned: Arc<AtomicU64>,
+}
+
+impl Store for Network {
+    async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        if self.partitioned.load(Ordering::Relaxed) > 0 {
+            return Err(Error::backend("partitioned"));
+        }
+        let (lose_call, lose_answer) = {
+            let mut f = self.faults.lock();
+            (f.chance(self.lost_calls), f.chance(self.lost_answers))
+        };
+        if lose_call {
+            return Err(Error::Timeout(Duration::from_millis(20)));
+        }
+        let d = self.store.check_all(now, checks);
+        if tracing_on() {
+            eprintln!(
+                "  store call at {} ms cost {}: {:?} lost answer {lose_answer}",
+                now / MS,
+                checks[0].cost,
+                d[0]
+            );
+        }
+        if lose_answer {
+            return Err(Error::Timeout(Duration::from_millis(20)));
+        }
+        Ok(d)
+    }
+}
+
+fn limits(period: Nanos) -> Vec<Limit> {
+    let s = Duration::from_secs(1);
+    let leased = Consistency::Leased { period };
+    vec![
+        Limit::new(Algorithm::FixedWindow(FixedWindow::new(100, s))).unwrap(),
+        Limit::new(Algorithm::TokenBucket(
+            TokenBucket::new(100, s).with_burst(40),
+        ))
+        .unwrap(),
+        Limit::new(Algorithm::Gcra(Gcra::new(50, s).with_burst(20))).unwrap(),
+        Limit::new(Algorithm::LeakyBucket(
+            LeakyBucket::new(80, s, LeakyMode::Meter).with_burst(30),
+        ))
+        .unwrap(),
+    ]
+    .into_iter()
+    .map(|l| l.with_consistency(leased))
+    .collect()
+}
+
+/// Whether `admitted` (instant, cost), in time order, is what an exact store deciding
+/// `limit` alone would admit in full: every one of them fits.
+fn an_exact_store_admits_all(limit: &Limit, admitted: &[(Nanos, u64)]) -> Result<(), String> {
+    let exact = MemoryStore::new();
+    let plain = limit.with_consistency(Consistency::Exact);
+    for (n, &(at, cost)) in admitted.iter().enumerate() {
+        let d = exact.check_all(at, &[Check::new(&plain, "k", cost)]);
+        if tracing_on() {
+            eprintln!("replay {} ms cost {cost}: {:?}", at / MS, d[0]);
+        }
+        if !d[0].allowed {
+            return Err(format!(
+                "{}: the admission #{n} at {} ms (cost {cost}) is more than an exact store admits",
+                limit.algorithm().name(),
+                at / MS
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One simulated run: 2–5 instances on one limit, random arrivals, faults, crashes and
+/// partitions. Returns what went wrong, if anything.
+fn simulate(seed: u64) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let period = [10, 50, 100, 500][rng.below(4) as usize] * MS;
+    let all = limits(period);
+    let limit = all[rng.below(all.len() as u64) as usize];
+    let store = Arc::new(MemoryStore::new());
+    let faults = Arc::new(parking_lot::Mutex::new(Rng(seed ^ 0xABCD)));
+    let partitioned = Arc::new(AtomicU64::new(0));
+    let (lost_calls, lost_answers) = if rng.chance(50) {
+        (rng.below(20), rng.below(20))
+    } else {
+        (0, 0)
+    };
+    let instance = || {
+        ScaleOut::new(Network {
+            store: Arc::clone(&store),
+            faults: Arc::clone(&faults),
+            lost_calls,
+            lost_answers,
+            partitioned: Arc::clone(&partitioned),
+        })
+    };
+    let count = 2 + rng.below(4) as usize;
+    let mut instances: Vec<_> = (0..count).map(|_| instance()).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut now: Nanos = 1_000_000_000_000 + rng.below(1_000) * MS;
+    let mut admitted: Vec<(Nanos, u64)> = Vec::new();
+    let shadow_replay = MemoryStore::new();
+    let trace = tracing_on();
+    for _ in 0..400 {
+        let gap = if rng.chance(10) { 400 } else { 15 };
+        now += rng.below(gap) * MS + rng.below(MS);
+        if rng.chance(2) {
+            // An instance crashes and starts again, its leases lost.
+            let i = rng.below(count as u64) as usize;
+            instances[i] = instance();
+        }
+        if rng.chance(2) {
+            partitioned.fetch_xor(1, Ordering::Relaxed);
+        }
+        let i = rng.below(count as u64) as usize;
+        let cost = if rng.chance(80) { 1 } else { 1 + rng.below(5) };
+        let check = [Check::new(&limit, "k", cost)];
+        let r = rt.block_on(instances[i].check(now, &check));
+        if trace {
+            let plain = limit.with_consistency(Consistency::Exact);
+            let s = store.check_all(now, &[Check::new(&plain, "k", 0)]);
+            let hand: Vec<u64> = instances.iter().map(|x| x.units_in_hand(now)).collect();
+            eprintln!(
+                "{} ms: instance {i} cost {cost}: {r:?}; store remaining {} reset {} in hand {hand:?}",
+                now / MS,
+                s[0].remaining,
+                s[0].reset_after / MS
+            );
+        }
+        if let Ok(d) = r {
+            if d[0].allowed {
+                admitted.push((now, cost));
+                if trace {
+                    let plain = limit.with_consistency(Consistency::Exact);
+                    shadow_replay.check_all(now, &[Check::new(&plain, "k", cost)]);
+                }
+            }
+        }
+        if trace {
+            let plain = limit.with_consistency(Consistency::Exact);
+            let s = store.check_all(now, &[Check::new(&plain, "k", 0)])[0];
+            let r = shadow_replay.check_all(now, &[Check::new(&plain, "k", 0)])[0];
+            let t = (limit.window() / limit.limit()) as f64;
+            let d = (s.reset_after as f64 - r.reset_after as f64) / t;
+            let hand: u64 = instances.iter().map(|x| x.units_in_hand(now)).sum();
+            if d + 0.001 < hand as f64 {
+                eprintln!("!! at {} ms D = {d:.3} < in hand {hand}", now / MS);
+            }
+        }
+    }
+    an_exact_store_admits_all(&limit, &admitted).map_err(|e| {
+        format!(
+            "seed {seed} ({count} instances, lease period {} ms): {e}",
+            period / MS
+        )
+    })
+}
+
+#[test]
+fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
+    if let Ok(seed) = std::env::var("SCALE_OUT_SEED") {
+        simulate(seed.parse().unwrap()).unwrap();
+        return;
+    }
+    let failures: Vec<String> = (0..10_000u64)
+        .filter_map(|seed| simulate(seed).err())
+        .take(5)
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "replay with SCALE_OUT_SEED=<seed>:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Four instances, a hot key with a limit of 1,000 per minute, 3,000 calls spread over
+/// them: never more than the limit (for the buckets, every admission is one an exact
+/// store admits), all but a few units of what one exact store admits from the same
+/// calls, and the store called well under once per ten decisions.
+#[test]
+fn a_hot_key_is_leased_in_blocks_and_admitted_to_its_limit() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let s = Duration::from_secs(60);
+    for algorithm in [
+        Algorithm::FixedWindow(FixedWindow::new(1_000, s)),
+        Algorithm::TokenBucket(TokenBucket::new(1_000, s)),
+        Algorithm::Gcra(Gcra::new(1_000, s)),
+        Algorithm::LeakyBucket(LeakyBucket::new(1_000, s, LeakyMode::Meter)),
+    ] {
+        let limit = Limit::new(algorithm)
+            .unwrap()
+            .with_consistency(Consistency::Leased { period: 100 * MS });
+        let plain = limit.with_consistency(Consistency::Exact);
+        let store = Arc::new(Counting::default());
+        let one_exact_store = MemoryStore::new();
+        let instances: Vec<_> = (0..4).map(|_| ScaleOut::new(Arc::clone(&store))).collect();
+        // 3,000 calls over 3 s, at the start of a minute.
+        let mut now: Nanos = 60_000 * 1_000 * MS;
+        let mut admitted = Vec::new();
+        let mut exact = 0;
+        for n in 0..3_000 {
+            now += MS;
+            let d = rt
+                .block_on(instances[n % 4].check(now, &[Check::new(&limit, "hot", 1)]))
+                .unwrap();
+            if d[0].allowed {
+                admitted.push((now, 1));
+            }
+            exact += u64::from(
+                one_exact_store.check_all(now, &[Check::new(&plain, "hot", 1)])[0].allowed,
+            );
+        }
+        let calls = store.calls.load(Ordering::Relaxed);
+        let name = limit.algorithm().name();
+        let count = admitted.len() as u64;
+        an_exact_store_admits_all(&limit, &admitted).unwrap();
+        if name == "fixed_window" {
+            assert!((980..=1_000).contains(&count), "{name}: {count} admitted");
+        }
+        assert!(
+            count + 20 >= exact,
+            "{name}: {count} admitted, an exact store {exact}"
+        );
+        assert!(calls * 10 < 3_000, "{name}: {calls} store calls");
+        eprintln!("{name}: {count} admitted (exact: {exact}), {calls} store calls");
+    }
+}
+
+/// A shared store counting its calls.
+#[derive(Default)]
+struct Counting {
+    store: MemoryStore,
+    calls: AtomicU64,
+}
+
+impl Store for Counting {
+    async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(self.store.check_all(now, checks))
+    }
+}
+
+/// A request of a leased check and an exact check is all or nothing: when the exact
+/// one rejects it, the leased one's units go back in hand, and the next request spends
+/// them.
+#[test]
+fn a_rejected_request_gives_its_leased_units_back() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let s = Duration::from_secs(60);
+    let leased = Limit::new(Algorithm::FixedWindow(FixedWindow::new(10, s)))
+        .unwrap()
+        .with_id(1)
+        .with_consistency(Consistency::Leased { period: 100 * MS });
+    let exact = Limit::new(Algorithm::FixedWindow(FixedWindow::new(1, s)))
+        .unwrap()
+        .with_id(2);
+    let store = Arc::new(MemoryStore::new());
+    let one = ScaleOut::new(Arc::clone(&store));
+    let now = 60_000 * 1_000 * MS;
+    let both = [Check::new(&leased, "k", 1), Check::new(&exact, "k", 1)];
+    let d = rt.block_on(one.check(now, &both)).unwrap();
+    assert!(d[0].allowed && d[1].allowed);
+    // The exact limit is spent: the request is rejected, the leased unit given back.
+    let d = rt.block_on(one.check(now + MS, &both)).unwrap();
+    assert!(d[0].allowed && !d[1].allowed, "{d:?}");
+    let in_hand = one.units_in_hand(now + MS);
+    let d = rt.block_on(one.check(now + 2 * MS, &both)).unwrap();
+    assert!(!d[1].allowed);
+    assert_eq!(one.units_in_hand(now + 2 * MS), in_hand, "given back");
+    // Alone, the leased check spends what is in hand, then leases again: ten in all.
+    let mut admitted = 1;
+    for n in 0..20 {
+        let d = rt
+            .block_on(one.check(now + (3 + n) * MS, &both[..1]))
+            .unwrap();
+        admitted += u64::from(d[0].allowed);
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Synced counting: each instance's admissions reach the store at its next sync, and
+/// the instances together go over the limit by no more than what the others admitted
+/// within one interval.
+#[test]
+fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let interval = 100 * MS;
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        1_000,
+        Duration::from_secs(60),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Synced { interval });
+    let store = Arc::new(MemoryStore::new());
+    let instances: Vec<_> = (0..4).map(|_| ScaleOut::new(Arc::clone(&store))).collect();
+    let start: Nanos = 60_000 * 1_000 * MS;
+    let mut now = start;
+    let mut admitted = 0u64;
+    let mut next_sync = start + interval;
+    // 2,000 per second offered, 4 s: the limit is reached after about half a second.
+    for n in 0..8_000u64 {
+        now = start + n * MS / 2;
+        if now >= next_sync {
+            for i in &instances {
+                rt.block_on(i.sync(now)).unwrap();
+            }
+            next_sync += interval;
+        }
+        let d = rt
+            .block_on(instances[(n % 4) as usize].check(now, &[Check::new(&limit, "k", 1)]))
+            .unwrap();
+        admitted += u64::from(d[0].allowed);
+    }
+    // One interval of 2,000 per second is 200; the others' share of it, 150.
+    assert!(admitted >= 1_000, "{admitted}");
+    assert!(admitted <= 1_000 + 150, "{admitted}");
+    // Everything admitted is in the store after one more sync.
+    for i in &instances {
+        rt.block_on(i.flush(now)).unwrap();
+        assert_eq!(i.units_unsynced(), 0);
+    }
+    let read = store.check_all(now, &[Check::new(&limit, "k", 0)]);
+    let counted = 1_000 - read[0].remaining;
+    assert!(counted >= 1_000.min(admitted), "{counted}");
+    let stats: Vec<_> = instances.iter().map(ScaleOut::stats).collect();
+    let synced: u64 = stats.iter().map(|s| s.units_synced).sum();
+    let first: u64 = 4; // each instance's first decision went to the store itself
+    assert_eq!(synced + first, admitted, "{stats:?}");
+}
