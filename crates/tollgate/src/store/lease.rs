@@ -443,15 +443,20 @@ mod tests {
             Duration::from_secs(1),
         )))
         .unwrap();
-        // The charge left the bucket full again 10 ms later: 10 units of debt.
-        let l = Lease::new(&limit, 0, 10, 0, 10 * MS);
-        assert_eq!(l.usable(0), 10);
-        assert_eq!(l.usable(4 * MS), 6);
+        // The charge left the bucket full again 10 ms later (an answer rounded up to
+        // the nanosecond, so 1 ns less): just under 10 units of debt.
+        let mut l = Lease::new(&limit, 0, 10, 0, 10 * MS);
+        assert_eq!(l.usable(0), 9);
+        assert_eq!(l.usable(4 * MS), 5);
         assert_eq!(l.usable(10 * MS), 0);
         // Full again far later (others' debt before ours): all ten stay until then.
-        let l = Lease::new(&limit, 0, 10, 0, 500 * MS);
-        assert_eq!(l.usable(490 * MS), 10);
-        assert_eq!(l.usable(495 * MS), 5);
+        let far = Lease::new(&limit, 0, 10, 0, 500 * MS);
+        assert_eq!(far.usable(489 * MS), 10);
+        assert_eq!(far.usable(495 * MS), 4);
+        // Units past the debt are gone for good: spending others never brings them back.
+        assert_eq!(l.settle(4 * MS), 5);
+        l.units -= 3;
+        assert_eq!(l.usable(4 * MS), 2);
     }
 
     #[test]
