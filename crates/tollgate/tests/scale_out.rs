@@ -407,3 +407,59 @@ fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
     let first: u64 = 4; // each instance's first decision went to the store itself
     assert_eq!(synced + first, admitted, "{stats:?}");
 }
+
+/// Synced counting with the store unreachable: decisions stay local while the last
+/// count is recent, then go to the store (whose failure the limiter answers with the
+/// rule's failure mode); once the store answers again, a sync makes them local again
+/// and the units admitted meanwhile reach it.
+#[test]
+fn a_synced_key_goes_back_to_the_store_when_its_count_is_stale() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let interval = 100 * MS;
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        1_000,
+        Duration::from_secs(3_600),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Synced { interval });
+    let store = Arc::new(MemoryStore::new());
+    let partitioned = Arc::new(AtomicU64::new(0));
+    let one = ScaleOut::new(Network {
+        store: Arc::clone(&store),
+        faults: Arc::new(parking_lot::Mutex::new(Rng(1))),
+        lost_calls: 0,
+        lost_answers: 0,
+        partitioned: Arc::clone(&partitioned),
+    });
+    let start: Nanos = 3_600 * 1_000 * MS * 1_000;
+    let check = [Check::new(&limit, "k", 1)];
+    assert!(rt.block_on(one.check(start, &check)).unwrap()[0].allowed);
+    partitioned.store(1, Ordering::Relaxed);
+    // Within five intervals of the last answer (at least a second): local.
+    for n in 1..=9u64 {
+        let now = start + n * 100 * MS;
+        assert!(rt.block_on(one.check(now, &check)).unwrap()[0].allowed);
+        let _ = rt.block_on(one.sync(now));
+    }
+    assert!(one.stats().sync_failures > 0);
+    // Past it: the store decides, and it is down.
+    let late = start + 1_100 * MS;
+    assert!(rt.block_on(one.check(late, &check)).is_err());
+    partitioned.store(0, Ordering::Relaxed);
+    assert_eq!(rt.block_on(one.sync(late + interval)).unwrap(), 1);
+    assert!(rt.block_on(one.check(late + interval, &check)).unwrap()[0].allowed);
+    assert_eq!(one.stats().synced_local, 10);
+    // The first decision charged the store itself, the nine local ones came with the sync.
+    let read = store.check_all(
+        late,
+        &[Check::new(
+            &limit.with_consistency(Consistency::Exact),
+            "k",
+            0,
+        )],
+    );
+    assert_eq!(read[0].remaining, 1_000 - 10);
+}

@@ -9,6 +9,10 @@
 //! whether they fit or not: they were admitted already) and reads each key's new room.
 //! Over-admission is bounded by what the other instances admit within one interval
 //! (and, at a fixed window's start, until each instance's first push of that window).
+//! A key the store has not answered for in [`stale_after`] its interval (five intervals,
+//! at least a second: the store is down or unreachable) is decided by the store again,
+//! hence by the rule's failure mode while it stays down; its pending units are pushed
+//! when it answers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +44,8 @@ struct Entry {
     stale: bool,
     /// When this key was last pushed or read.
     pushed_at: Nanos,
+    /// When the store last answered for this key (the instant the call was sent).
+    synced_at: Nanos,
     last_used: Nanos,
 }
 
@@ -77,6 +83,12 @@ impl Entry {
             }
         }
     }
+}
+
+/// How long without an answer from the store a key's count is still decided on
+/// locally: five intervals, at least a second.
+pub fn stale_after(interval: Nanos) -> Nanos {
+    interval.saturating_mul(5).max(1_000_000_000)
 }
 
 /// One key's units to push, taken by [`Syncs::due`].
@@ -154,6 +166,13 @@ impl Syncs {
             return Local::Exact;
         }
         e.last_used = now;
+        if now.saturating_sub(e.synced_at) > stale_after(e.interval) {
+            // The store has not answered for this key for a while: what this instance
+            // knows is too old to decide on; the store decides (and when it cannot, the
+            // rule's failure mode), and the next push reads it again.
+            e.stale = true;
+            return Local::Exact;
+        }
         let room = e.room(now);
         let used = e.pending.saturating_add(e.in_flight);
         let reset = e.reset_at.saturating_sub(now);
@@ -204,6 +223,7 @@ impl Syncs {
             in_flight: 0,
             stale: false,
             pushed_at: sent,
+            synced_at: sent,
             last_used: sent,
         });
     }
@@ -251,6 +271,7 @@ impl Syncs {
         e.reset_at = sent.saturating_add(d.reset_after);
         e.in_flight = 0;
         e.stale = false;
+        e.synced_at = sent;
         self.counters.units.fetch_add(push.units, Ordering::Relaxed);
     }
 
