@@ -153,8 +153,8 @@ fn the_example_rule_files_are_valid() {
     let out = tollgate(&["validate", examples.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    // Five domains, and the gateway section of one of them.
-    assert_eq!(stdout.lines().count(), 6, "{stdout}");
+    // Six domains, and the gateway section of one of them.
+    assert_eq!(stdout.lines().count(), 7, "{stdout}");
     assert!(
         stdout.contains("ok: gateway section of `gateway`: 3 routes"),
         "{stdout}"
