@@ -524,63 +524,71 @@ struct ConsistencyLabels {
 
 impl ScaleOutMetrics {
     fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            leases: Counter::default(),
-            refused: Counter::default(),
-            units: Counter::default(),
-            expired: Counter::default(),
-            local: Family::default(),
-            sync_calls: Counter::default(),
-            sync_failures: Counter::default(),
-            synced_units: Counter::default(),
-            sync_lag: Gauge::default(),
-        };
+        let leases = Counter::default();
+        let leases_refused = Counter::default();
+        let leased_units = Counter::default();
+        let leased_units_expired = Counter::default();
+        let local_decisions = Family::<ConsistencyLabels, Counter>::default();
+        let sync_calls = Counter::default();
+        let sync_failures = Counter::default();
+        let synced_units = Counter::default();
+        let sync_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "leases",
             "Leases taken from the store (consistency: leased)",
-            m.leases.clone(),
+            leases.clone(),
         );
         registry.register(
             "leases_refused",
             "Lease calls the store refused for want of room",
-            m.refused.clone(),
+            leases_refused.clone(),
         );
         registry.register(
             "leased_units",
             "Units leased from the store",
-            m.units.clone(),
+            leased_units.clone(),
         );
         registry.register(
             "leased_units_expired",
             "Leased units that expired unspent",
-            m.expired.clone(),
+            leased_units_expired.clone(),
         );
         registry.register(
             "local_decisions",
             "Checks decided without a store call, per consistency",
-            m.local.clone(),
+            local_decisions.clone(),
         );
         registry.register(
             "sync_calls",
             "Sync calls (consistency: synced)",
-            m.sync_calls.clone(),
+            sync_calls.clone(),
         );
         registry.register(
             "sync_failures",
             "Sync calls that failed (their units are sent again)",
-            m.sync_failures.clone(),
+            sync_failures.clone(),
         );
         registry.register(
             "synced_units",
             "Units pushed to the store by sync calls",
-            m.synced_units.clone(),
+            synced_units.clone(),
         );
         registry.register(
             "sync_lag_seconds",
             "Seconds since the last sync call that succeeded (0 before the first)",
-            m.sync_lag.clone(),
+            sync_lag.clone(),
         );
-        m
+        Self {
+            leases,
+            refused: leases_refused,
+            units: leased_units,
+            expired: leased_units_expired,
+            local: local_decisions,
+            sync_calls,
+            sync_failures,
+            synced_units,
+            sync_lag,
+        }
     }
 
     fn render(&self, s: &tollgate::store::ScaleOutStats, sync: impl Fn(&Counter, u64)) {
