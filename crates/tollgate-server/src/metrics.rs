@@ -19,10 +19,11 @@
 //! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
 //! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
 //! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open |
-//! | `tollgate_leases_total`, `tollgate_leases_refused_total` | | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
-//! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total` | | units leased, and units that expired unspent (the cause of under-admission) |
+//! | `tollgate_leases_total`, `tollgate_leases_refused_total` | domain, descriptor | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
+//! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total` | domain, descriptor | units leased, and units that expired unspent (the cause of under-admission) |
 //! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
-//! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total`, `tollgate_synced_units_total` | | sync calls (`consistency: synced`), those that failed, units pushed |
+//! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | | sync calls (`consistency: synced`; one per interval for all keys), those that failed |
+//! | `tollgate_synced_units_total` | domain, descriptor | units pushed by sync calls |
 //! | `tollgate_sync_lag_seconds` | | time since the last sync call that succeeded (0 before the first) |
 //! | `tollgate_connections` | listener | connections open |
 //! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
@@ -490,7 +491,8 @@ impl Metrics {
             self.circuit_open.set(i64::from(r.open_now));
         }
         if let Some(scale) = store.scale_out() {
-            self.scale_out.render(&scale.stats(), sync);
+            self.scale_out
+                .render(&scale.stats(), &scale.per_limit(), rules, sync);
         }
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
@@ -506,14 +508,14 @@ impl Metrics {
 
 /// Leased and synced counting's figures.
 struct ScaleOutMetrics {
-    leases: Counter,
-    refused: Counter,
-    units: Counter,
-    expired: Counter,
+    leases: Family<RuleLabels, Counter>,
+    refused: Family<RuleLabels, Counter>,
+    units: Family<RuleLabels, Counter>,
+    expired: Family<RuleLabels, Counter>,
     local: Family<ConsistencyLabels, Counter>,
     sync_calls: Counter,
     sync_failures: Counter,
-    synced_units: Counter,
+    synced_units: Family<RuleLabels, Counter>,
     sync_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -524,14 +526,14 @@ struct ConsistencyLabels {
 
 impl ScaleOutMetrics {
     fn register(registry: &mut Registry) -> Self {
-        let leases = Counter::default();
-        let leases_refused = Counter::default();
-        let leased_units = Counter::default();
-        let leased_units_expired = Counter::default();
+        let leases = Family::<RuleLabels, Counter>::default();
+        let leases_refused = Family::<RuleLabels, Counter>::default();
+        let leased_units = Family::<RuleLabels, Counter>::default();
+        let leased_units_expired = Family::<RuleLabels, Counter>::default();
         let local_decisions = Family::<ConsistencyLabels, Counter>::default();
         let sync_calls = Counter::default();
         let sync_failures = Counter::default();
-        let synced_units = Counter::default();
+        let synced_units = Family::<RuleLabels, Counter>::default();
         let sync_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "leases",
@@ -591,11 +593,54 @@ impl ScaleOutMetrics {
         }
     }
 
-    fn render(&self, s: &tollgate::store::ScaleOutStats, sync: impl Fn(&Counter, u64)) {
-        sync(&self.leases, s.leases_taken);
-        sync(&self.refused, s.leases_refused);
-        sync(&self.units, s.units_leased);
-        sync(&self.expired, s.units_expired);
+    /// Brings the figures up to date: the instance's, and each rule's (its limits' ids
+    /// found in the rules in force; a limit no longer in them is no longer counted).
+    fn render(
+        &self,
+        s: &tollgate::store::ScaleOutStats,
+        per_limit: &[(u64, tollgate::store::LimitStats)],
+        rules: &Rules,
+        sync: impl Fn(&Counter, u64),
+    ) {
+        let set = rules.current();
+        let mut rule_of: HashMap<u64, RuleLabels> = HashMap::default();
+        for domain in set.domains() {
+            for rule in domain.rules() {
+                for l in &rule.limits {
+                    rule_of.insert(
+                        l.limit.id(),
+                        RuleLabels {
+                            domain: domain.name.to_string(),
+                            descriptor: rule.stat_path.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+        let mut per_rule: HashMap<RuleLabels, tollgate::store::LimitStats> = HashMap::default();
+        for (id, l) in per_limit {
+            if let Some(labels) = rule_of.get(id) {
+                let t = per_rule.entry(labels.clone()).or_default();
+                t.leases += l.leases;
+                t.leases_refused += l.leases_refused;
+                t.units_leased += l.units_leased;
+                t.units_expired += l.units_expired;
+                t.units_synced += l.units_synced;
+            }
+        }
+        for (labels, t) in &per_rule {
+            for (family, total) in [
+                (&self.leases, t.leases),
+                (&self.refused, t.leases_refused),
+                (&self.units, t.units_leased),
+                (&self.expired, t.units_expired),
+                (&self.synced_units, t.units_synced),
+            ] {
+                if total > 0 {
+                    sync(&family.get_or_create(labels), total);
+                }
+            }
+        }
         sync(
             &self.local.get_or_create(&ConsistencyLabels {
                 consistency: "leased",
@@ -610,7 +655,6 @@ impl ScaleOutMetrics {
         );
         sync(&self.sync_calls, s.sync_calls);
         sync(&self.sync_failures, s.sync_failures);
-        sync(&self.synced_units, s.units_synced);
         let lag = if s.last_sync == 0 {
             0.0
         } else {

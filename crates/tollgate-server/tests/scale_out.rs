@@ -112,8 +112,13 @@ async fn four_leased_instances_never_pass_the_limit_and_rarely_call_redis() {
         );
         eprintln!("{alg}: {admitted} admitted, {calls} Redis calls, {elapsed:.2}s");
     }
-    let leases = servers[0].metric("tollgate_leases_total ").await.unwrap();
-    assert!(leases > 0, "leases are counted");
+    // Per rule: each instance took leases on every algorithm's rule.
+    for alg in LEASED {
+        let series =
+            format!("tollgate_leases_total{{domain=\"leased\",descriptor=\"alg_{alg}\"}} ");
+        let leases = servers[0].metric(&series).await;
+        assert!(leases.is_some_and(|n| n > 0), "{series}: {leases:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::scale_out::PerLimit;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -196,6 +197,8 @@ pub struct Leases {
     per_shard: usize,
     /// The counters.
     pub counters: LeaseCounters,
+    /// The counters per limit.
+    pub(crate) per_limit: PerLimit,
 }
 
 impl Leases {
@@ -206,6 +209,7 @@ impl Leases {
             shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: (max_keys / n).max(1),
             counters: LeaseCounters::default(),
+            per_limit: PerLimit::default(),
         }
     }
 
@@ -241,7 +245,7 @@ impl Leases {
         }
         e.last_used = now;
         let expired = drop_spent(&mut e.leases, now);
-        self.counters.expired.fetch_add(expired, Ordering::Relaxed);
+        self.expired(limit.id(), expired);
         let usable: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
         if usable >= cost {
             let mut spent = Spent::default();
@@ -318,6 +322,7 @@ impl Leases {
         e.reset_at = sent.saturating_add(d.reset_after);
         if units == 0 {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.per_limit.add(limit.id(), |s| s.leases_refused += 1);
             e.blocked_until = sent.saturating_add(d.retry_after.min(period).max(1));
             e.blocked = Some(*d);
             e.left = Some(d.remaining);
@@ -325,6 +330,10 @@ impl Leases {
         }
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
         self.counters.units.fetch_add(units, Ordering::Relaxed);
+        self.per_limit.add(limit.id(), |s| {
+            s.leases += 1;
+            s.units_leased += units;
+        });
         let seq = e.next_seq;
         e.next_seq += 1;
         e.leases
@@ -367,7 +376,7 @@ impl Leases {
             let mut shard = shard.lock();
             shard.retain(|_, e| {
                 let expired = drop_spent(&mut e.leases, now);
-                self.counters.expired.fetch_add(expired, Ordering::Relaxed);
+                self.expired(e.limit.id(), expired);
                 e.leasing.is_some()
                     || !e.leases.is_empty()
                     || now.saturating_sub(e.last_used) < idle
@@ -376,6 +385,14 @@ impl Leases {
             kept += shard.len();
         }
         kept
+    }
+
+    /// Counts `units` of limit `id` that expired unspent.
+    fn expired(&self, id: u64, units: u64) {
+        if units > 0 {
+            self.counters.expired.fetch_add(units, Ordering::Relaxed);
+            self.per_limit.add(id, |s| s.units_expired += units);
+        }
     }
 
     /// Units in hand at `now`, over every key (for tests and metrics).

@@ -89,6 +89,44 @@ pub struct ScaleOutStats {
     pub last_sync: Nanos,
 }
 
+/// Counters of one limit (by its id: one rule's limit, whatever its key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitStats {
+    /// Leases granted.
+    pub leases: u64,
+    /// Lease calls refused for want of room.
+    pub leases_refused: u64,
+    /// Units granted by leases.
+    pub units_leased: u64,
+    /// Leased units that expired unspent.
+    pub units_expired: u64,
+    /// Units pushed by sync calls.
+    pub units_synced: u64,
+}
+
+/// The most limits [`PerLimit`] counts apart; past it, further ones are not counted per
+/// limit (the totals still are).
+const MAX_LIMITS_COUNTED: usize = 10_000;
+
+/// [`LimitStats`] per limit id.
+#[derive(Debug, Default)]
+pub(crate) struct PerLimit(parking_lot::Mutex<std::collections::HashMap<u64, LimitStats>>);
+
+impl PerLimit {
+    /// Adds to limit `id`'s counters (rare events: leases and syncs, not decisions).
+    pub(crate) fn add(&self, id: u64, f: impl FnOnce(&mut LimitStats)) {
+        let mut map = self.0.lock();
+        if map.len() >= MAX_LIMITS_COUNTED && !map.contains_key(&id) {
+            return;
+        }
+        f(map.entry(id).or_default());
+    }
+
+    fn snapshot(&self) -> Vec<(u64, LimitStats)> {
+        self.0.lock().iter().map(|(&id, &s)| (id, s)).collect()
+    }
+}
+
 /// Where a check is decided.
 #[derive(Debug, Clone, Copy)]
 enum Route {
@@ -176,6 +214,17 @@ impl<S: Store> ScaleOut<S> {
             synced_local: get(&s.local),
             last_sync: get(&s.last_success),
         }
+    }
+
+    /// Each limit's counters, by limit id ([`Limit::id`]: a rule file's limit keeps its
+    /// id across reloads that change only its numbers).
+    pub fn per_limit(&self) -> Vec<(u64, LimitStats)> {
+        let mut all: std::collections::HashMap<u64, LimitStats> =
+            self.inner.leases.per_limit.snapshot().into_iter().collect();
+        for (id, s) in self.inner.syncs.per_limit.snapshot() {
+            all.entry(id).or_default().units_synced += s.units_synced;
+        }
+        all.into_iter().collect()
     }
 
     /// Leased units in hand at `now`, over every key.

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::lease::fingerprint;
+use super::scale_out::PerLimit;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -124,6 +125,8 @@ pub struct Syncs {
     per_shard: usize,
     /// The counters.
     pub counters: SyncCounters,
+    /// The counters per limit.
+    pub(crate) per_limit: PerLimit,
 }
 
 /// What a synced check may do at `now`.
@@ -144,6 +147,7 @@ impl Syncs {
             shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: (max_keys / n).max(1),
             counters: SyncCounters::default(),
+            per_limit: PerLimit::default(),
         }
     }
 
@@ -273,6 +277,10 @@ impl Syncs {
         e.stale = false;
         e.synced_at = sent;
         self.counters.units.fetch_add(push.units, Ordering::Relaxed);
+        if push.units > 0 {
+            self.per_limit
+                .add(push.limit.id(), |s| s.units_synced += push.units);
+        }
     }
 
     /// A push failed: its units are pushed again next time.
