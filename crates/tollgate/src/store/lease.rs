@@ -15,6 +15,9 @@
 //!   is in hand then never exceeds what the shared bucket is short of full, so admitting
 //!   from leases is admitting from the bucket itself.
 //!
+//! A refused lease is not asked again before a retry could pass, nor (for a bucket,
+//! whose refill waits in it) within `lease_period`; then the key is refused locally.
+//!
 //! A lease's size follows the key's own recent rate on this instance (about
 //! `lease_period` worth, at least the request's cost, at most four times the last lease
 //! and half of what the store said was left), so a hot key costs the store about one
@@ -323,7 +326,17 @@ impl Leases {
         if units == 0 {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             self.per_limit.add(limit.id(), |s| s.leases_refused += 1);
-            e.blocked_until = sent.saturating_add(d.retry_after.min(period).max(1));
+            // Not asked again for a while. A bucket refused now refills for the whole
+            // fleet, and what it refills waits in it (it is far from full): asking once a
+            // period loses nothing and keeps a saturated key at about a call per instance
+            // per period. A window's units come back only when it ends: asking again
+            // within a period only catches a rule change.
+            let wait = if decays(limit) {
+                d.retry_after.max(period)
+            } else {
+                d.retry_after.min(period)
+            };
+            e.blocked_until = sent.saturating_add(wait.max(1));
             e.blocked = Some(*d);
             e.left = Some(d.remaining);
             return;
