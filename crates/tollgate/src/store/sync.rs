@@ -5,10 +5,15 @@
 //! A key's first decision on an instance is made by the shared store (it reads the key's
 //! count); from then on the instance admits while `pending + in flight + cost` fits in
 //! what the store last said was left (a bucket's refill since then added). Every
-//! interval, one call per instance pushes every dirty key's pending units (charged
-//! whether they fit or not: they were admitted already) and reads each key's new room.
-//! Over-admission is bounded by what the other instances admit within one interval
-//! (and, at a fixed window's start, until each instance's first push of that window).
+//! interval, one call per instance pushes every key's pending units (charged whether
+//! they fit or not: they were admitted already) and reads the room of each key used in
+//! the last two intervals, so that the others' admissions reach it; a key unused longer
+//! is read again by its next decision, in the store.
+//! Between reads, an instance also counts the other instances' admissions at the rate it
+//! last saw them at (what the room lost between two reads beyond its own pushes), so a
+//! steady load stops close to the limit; over-admission is bounded by what the others
+//! admit within one interval beyond that estimate. Each instance's first decision in a
+//! new fixed window is made in the store.
 //! A key the store has not answered for in [`stale_after`] its interval (five intervals,
 //! at least a second: the store is down or unreachable) is decided by the store again,
 //! hence by the rule's failure mode while it stays down; its pending units are pushed
@@ -48,28 +53,30 @@ struct Entry {
     /// When the store last answered for this key (the instant the call was sent).
     synced_at: Nanos,
     last_used: Nanos,
+    /// The other instances' rate on this key (units per ns), estimated from successive
+    /// reads: what the room lost beyond this instance's own pushes.
+    others_rate: f64,
 }
 
 impl Entry {
-    /// The room at `now`: what the store said, a bucket's refill since added, a fixed
-    /// window's whole limit once its window is over.
-    fn room(&mut self, now: Nanos) -> u64 {
+    /// The room at `now`: what the store said, a bucket's refill since added. `None`
+    /// when a fixed window has ended since: the new window's count is read in the store.
+    fn room(&mut self, now: Nanos) -> Option<u64> {
+        let base = self.base_room(now)?;
+        // What the others have admitted and the store has not counted: since the count
+        // was read, and before it what they had not pushed yet (half an interval's worth
+        // on average), at their recent rate.
+        let unseen = now.saturating_sub(self.seen_at) + self.interval / 2;
+        let others = self.others_rate * unseen as f64;
+        Some(base.saturating_sub(others as u64))
+    }
+
+    /// The room at `now` as the store last said it (a bucket's refill since added),
+    /// before the others' estimated admissions.
+    fn base_room(&self, now: Nanos) -> Option<u64> {
         let limit = self.limit.limit();
         match self.limit.algorithm() {
-            Algorithm::FixedWindow(w) => {
-                if now >= self.reset_at {
-                    // A new window: what was counted belongs to the old one.
-                    let windows = (now - self.reset_at) / w.window + 1;
-                    self.reset_at = self
-                        .reset_at
-                        .saturating_add(windows.saturating_mul(w.window));
-                    self.seen = limit;
-                    self.seen_at = now;
-                    self.pending = 0;
-                    self.stale = true;
-                }
-                self.seen
-            }
+            Algorithm::FixedWindow(_) => (now < self.reset_at).then_some(self.seen),
             a => {
                 let burst = match a {
                     Algorithm::TokenBucket(b) => b.burst,
@@ -80,10 +87,16 @@ impl Entry {
                 let refill = u128::from(now.saturating_sub(self.seen_at)) * u128::from(limit)
                     / u128::from(self.limit.window().max(1));
                 let refill = u64::try_from(refill).unwrap_or(u64::MAX);
-                self.seen.saturating_add(refill).min(burst)
+                Some(self.seen.saturating_add(refill).min(burst))
             }
         }
     }
+}
+
+/// How long after its last use a key's count is still read at every push (two
+/// intervals); a key unused longer is read again by its next decision.
+pub fn active_for(interval: Nanos) -> Nanos {
+    interval.saturating_mul(2)
 }
 
 /// How long without an answer from the store a key's count is still decided on
@@ -169,15 +182,24 @@ impl Syncs {
         if e.limit != *limit || *e.key != *key {
             return Local::Exact;
         }
+        let idle = now.saturating_sub(e.last_used);
         e.last_used = now;
-        if now.saturating_sub(e.synced_at) > stale_after(e.interval) {
-            // The store has not answered for this key for a while: what this instance
-            // knows is too old to decide on; the store decides (and when it cannot, the
-            // rule's failure mode), and the next push reads it again.
+        let age = now.saturating_sub(e.synced_at);
+        // An active key is read at every push, so its count is at most about an interval
+        // old. One that was idle, or that the store has not answered for a while (down,
+        // unreachable), is decided by the store (and when it cannot, by the rule's failure
+        // mode); the next push reads it again.
+        let woke = idle > active_for(e.interval) && age > active_for(e.interval);
+        if woke || age > stale_after(e.interval) {
             e.stale = true;
             return Local::Exact;
         }
-        let room = e.room(now);
+        let Some(room) = e.room(now) else {
+            // A new window: each instance's first decision in it is made in the store, so
+            // that none starts the window blind to the others' admissions in it.
+            e.stale = true;
+            return Local::Seed;
+        };
         let used = e.pending.saturating_add(e.in_flight);
         let reset = e.reset_at.saturating_sub(now);
         self.counters.local.fetch_add(1, Ordering::Relaxed);
@@ -213,6 +235,16 @@ impl Syncs {
     pub fn seed(&self, limit: &Limit, key: &[u8], d: &Decision, sent: Nanos, interval: Nanos) {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
+        if let Some(e) = shard.get_mut(&fp) {
+            // A window turned: the new one's count, as the store just said. What was
+            // admitted here in the old one and not pushed belongs to it, and is dropped.
+            e.seen = d.remaining;
+            e.seen_at = sent;
+            e.reset_at = sent.saturating_add(d.reset_after);
+            e.synced_at = sent;
+            e.pending = 0;
+            return;
+        }
         if shard.len() >= self.per_shard {
             return;
         }
@@ -229,6 +261,7 @@ impl Syncs {
             pushed_at: sent,
             synced_at: sent,
             last_used: sent,
+            others_rate: 0.0,
         });
     }
 
@@ -239,14 +272,23 @@ impl Syncs {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             for (&fp, e) in shard.lock().iter_mut() {
-                let wanted = e.pending > 0 || (e.stale && !all);
+                // Pending units, or a count to read: of a key used within the last two
+                // intervals (the others' admissions must reach it), or one marked stale.
+                let active = now.saturating_sub(e.last_used) <= active_for(e.interval);
+                let wanted = e.pending > 0 || (!all && (e.stale || active));
                 let time = all || now.saturating_sub(e.pushed_at) >= e.interval;
                 if !wanted || !time || e.in_flight > 0 {
                     continue;
                 }
                 e.in_flight = e.pending;
                 e.pending = 0;
-                e.pushed_at = now;
+                // Pushes keep to their schedule (one every interval on average, whatever
+                // the task's tick), unless they fell a whole interval behind.
+                e.pushed_at = if now.saturating_sub(e.pushed_at) < 2 * e.interval {
+                    e.pushed_at + e.interval
+                } else {
+                    now
+                };
                 out.push(Push {
                     fp,
                     limit: e.limit,
@@ -264,23 +306,43 @@ impl Syncs {
         let Some(e) = shard.get_mut(&push.fp) else {
             return;
         };
-        // A charge that did not fit is made anyway: the room after it is what was left
-        // before it, less the charge.
-        e.seen = if d.allowed {
-            d.remaining
-        } else {
-            d.remaining.saturating_sub(push.units)
-        };
-        e.seen_at = sent;
-        e.reset_at = sent.saturating_add(d.reset_after);
-        e.in_flight = 0;
-        e.stale = false;
-        e.synced_at = sent;
         self.counters.units.fetch_add(push.units, Ordering::Relaxed);
         if push.units > 0 {
             self.per_limit
                 .add(push.limit.id(), |s| s.units_synced += push.units);
         }
+        e.in_flight = 0;
+        if sent < e.seen_at {
+            // The key was read since this push left (a new window's first decision):
+            // that count is newer.
+            return;
+        }
+        // A charge that did not fit is made anyway: the room after it is what was left
+        // before it, less the charge.
+        let room = if d.allowed {
+            d.remaining
+        } else {
+            d.remaining.saturating_sub(push.units)
+        };
+        // The others' rate: the room the last read left, less this one's, less what this
+        // instance pushed, over the time between (within one window).
+        let reset = sent.saturating_add(d.reset_after);
+        let same_window = match e.limit.algorithm() {
+            Algorithm::FixedWindow(w) => reset.abs_diff(e.reset_at) < w.window / 2,
+            _ => true,
+        };
+        if let (true, Some(before)) = (same_window && sent > e.seen_at, e.base_room(sent)) {
+            let others = before.saturating_sub(room).saturating_sub(push.units);
+            let sample = others as f64 / (sent - e.seen_at) as f64;
+            // The latest interval's rate alone: a load that starts or stops (a window
+            // that fills, a new one) is followed within one read.
+            e.others_rate = sample;
+        }
+        e.seen = room;
+        e.seen_at = sent;
+        e.reset_at = sent.saturating_add(d.reset_after);
+        e.stale = false;
+        e.synced_at = sent;
     }
 
     /// A push failed: its units are pushed again next time.
