@@ -510,3 +510,93 @@ fn synced_instances_stop_close_to_the_limit_under_steady_load() {
     assert!(worst <= 1_010, "over by more than 1 %: {per_window:?}");
     assert!(least >= 990, "under by more than 1 %: {per_window:?}");
 }
+
+/// Units a synced instance admitted in a window that has ended are not pushed into the
+/// next one (they would be charged to it).
+#[test]
+fn a_finished_windows_synced_units_are_not_charged_to_the_next() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let interval = 100 * MS;
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        100,
+        Duration::from_secs(1),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Synced { interval });
+    let store = Arc::new(MemoryStore::new());
+    let one = ScaleOut::new(Arc::clone(&store));
+    let second: Nanos = 1_000 * MS;
+    let start = 1_000_000 * second;
+    let check = [Check::new(&limit, "k", 1)];
+    // The first decision reads the key in the store; five more stay pending.
+    for n in 0..6 {
+        let now = start + 900 * MS + n * MS;
+        assert!(rt.block_on(one.check(now, &check)).unwrap()[0].allowed);
+    }
+    // The next sync comes after the window ended.
+    rt.block_on(one.sync(start + second + 50 * MS)).unwrap();
+    let plain = limit.with_consistency(Consistency::Exact);
+    let read = store.check_all(start + second + 60 * MS, &[Check::new(&plain, "k", 0)]);
+    assert_eq!(read[0].remaining, 100, "nothing charged to the new window");
+}
+
+/// A cold key on a bucket costs one store call per decision, as `exact` does: the
+/// request that takes a one-unit lease spends it at once.
+#[test]
+fn a_cold_bucket_key_costs_one_call_per_decision() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let limit = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+        1_000,
+        Duration::from_secs(1),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Leased { period: 10 * MS });
+    let store = Arc::new(Counting::default());
+    let one = ScaleOut::new(Arc::clone(&store));
+    let start: Nanos = 1_000_000 * 1_000 * MS;
+    // One decision every 100 ms: the bucket is full each time.
+    for n in 0..20 {
+        let d = rt
+            .block_on(one.check(start + n * 100 * MS, &[Check::new(&limit, "k", 1)]))
+            .unwrap();
+        assert!(d[0].allowed);
+    }
+    assert_eq!(store.calls.load(Ordering::Relaxed), 20);
+}
+
+/// Near a fixed window's end a lease is sized for what is left of the window, not for a
+/// whole lease period: what is in hand when the window ends is small.
+#[test]
+fn a_lease_near_a_windows_end_covers_only_its_rest() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        100_000,
+        Duration::from_secs(1),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Leased { period: 500 * MS });
+    let store = Arc::new(MemoryStore::new());
+    let one = ScaleOut::new(Arc::clone(&store));
+    let start: Nanos = 1_000_000 * 1_000 * MS;
+    // 10 a millisecond: a lease period's worth would be 5,000.
+    let mut now = start;
+    while now < start + 995 * MS {
+        rt.block_on(one.check(now, &[Check::new(&limit, "k", 1)]))
+            .unwrap();
+        now += MS / 10;
+    }
+    let in_hand = one.units_in_hand(now);
+    assert!(
+        in_hand <= 200,
+        "{in_hand} units in hand 5 ms before the window ends"
+    );
+}

@@ -15,13 +15,16 @@
 //!   is in hand then never exceeds what the shared bucket is short of full, so admitting
 //!   from leases is admitting from the bucket itself.
 //!
-//! A refused lease is not asked again before a retry could pass, nor (for a bucket,
-//! whose refill waits in it) within `lease_period`; then the key is refused locally.
+//! A refused lease is not asked again before a retry could pass (a window's end), nor
+//! (for a bucket, whose refill waits in it) within `lease_period`; meanwhile the key is
+//! refused locally.
 //!
 //! A lease's size follows the key's own recent rate on this instance (about
-//! `lease_period` worth, at least the request's cost, at most four times the last lease
-//! and half of what the store said was left), so a hot key costs the store about one
-//! call per `lease_period` and a cold key one call per decision. Leases are spent
+//! `lease_period` worth, or the rest of a fixed window if less; at least the request's
+//! cost, at most four times the last lease and half of what the store said was left), so
+//! a hot key costs the store about one call per `lease_period` and a cold key one call
+//! per decision. The request that takes a lease may spend all of it at once (the store
+//! has just decided it); a bucket lease's decay starts after. Leases are spent
 //! oldest first and kept apart (each with its own expiry) so that the bound above holds.
 
 use std::collections::{HashMap, VecDeque};
@@ -52,6 +55,9 @@ pub struct Lease {
     pub until: Nanos,
     /// A bucket's lease: what may be spent shrinks at the refill rate until `until`.
     pub decays: bool,
+    /// When its call was sent: at that instant (the request that took it) all of it may
+    /// be spent, as the store just decided it.
+    pub from: Nanos,
     /// The refill rate, `limit` units per `window` (used when `decays`).
     pub limit: u64,
     /// See `limit`.
@@ -68,6 +74,7 @@ impl Lease {
             // `reset_after` is rounded up to the nanosecond: 1 ns less is never late.
             until: sent.saturating_add(reset_after.saturating_sub(1)),
             decays: decays(limit),
+            from: sent,
             limit: limit.limit(),
             window: limit.window(),
         }
@@ -89,7 +96,7 @@ impl Lease {
         if now >= self.until {
             return 0;
         }
-        if !self.decays {
+        if !self.decays || now <= self.from {
             return self.units;
         }
         let held = u128::from(self.until - now) * u128::from(self.limit) / u128::from(self.window);
@@ -103,16 +110,17 @@ fn decays(limit: &Limit) -> bool {
     !matches!(limit.algorithm(), Algorithm::FixedWindow(_))
 }
 
-/// The size of the next lease of a key: about `period` worth at the rate its last
-/// leases were spent (`spent` units in the `elapsed` since the last lease was taken),
-/// at least `cost`, at most four times the `last` size asked and half of what the store
-/// said was `left`, and never more than the limit.
+/// The size of the next lease of a key: about `horizon` worth (the lease period, or
+/// what is left of a fixed window if less) at the rate its last leases were spent
+/// (`spent` units in the `elapsed` since the last lease was taken), at least `cost`, at
+/// most four times the `last` size asked and half of what the store said was `left`, and
+/// never more than the limit.
 pub fn next_size(
     cost: u64,
     last: u64,
     spent: u64,
     elapsed: Nanos,
-    period: Nanos,
+    horizon: Nanos,
     left: Option<u64>,
     limit: u64,
 ) -> u64 {
@@ -121,7 +129,7 @@ pub fn next_size(
         // store would charge it.
         return cost;
     }
-    let rate = u128::from(spent) * u128::from(period) / u128::from(elapsed.max(1));
+    let rate = u128::from(spent) * u128::from(horizon) / u128::from(elapsed.max(1));
     let mut size = u64::try_from(rate).unwrap_or(u64::MAX);
     size = size.min(last.saturating_mul(4));
     if let Some(left) = left {
@@ -289,12 +297,27 @@ impl Leases {
         if e.leases.len() >= MAX_LEASES_PER_KEY {
             return Local::Exact;
         }
+        // A fixed window's units expire with it: lease no more than its rest is likely
+        // to spend. Windows follow each other, so a new one ends a whole number of
+        // windows after the last one seen.
+        let horizon = match limit.algorithm() {
+            Algorithm::FixedWindow(w) if e.size > 0 => {
+                let end = if now < e.reset_at {
+                    e.reset_at
+                } else {
+                    let turns = (now - e.reset_at) / w.window.max(1) + 1;
+                    e.reset_at.saturating_add(turns.saturating_mul(w.window))
+                };
+                period.min(end - now)
+            }
+            _ => period,
+        };
         let size = next_size(
             cost.saturating_sub(usable),
             e.size,
             e.spent,
             now.saturating_sub(e.taken_at),
-            period,
+            horizon,
             e.left,
             limit.limit(),
         );
@@ -329,15 +352,18 @@ impl Leases {
             // Not asked again for a while. A bucket refused now refills for the whole
             // fleet, and what it refills waits in it (it is far from full): asking once a
             // period loses nothing and keeps a saturated key at about a call per instance
-            // per period. A window's units come back only when it ends: asking again
-            // within a period only catches a rule change.
+            // per period. A window's units come back only when it ends (leases are never
+            // given back, and a rule change makes another limit): not before then.
             let wait = if decays(limit) {
                 d.retry_after.max(period)
             } else {
-                d.retry_after.min(period)
+                d.retry_after
             };
-            e.blocked_until = sent.saturating_add(wait.max(1));
-            e.blocked = Some(*d);
+            if !d.can_never_pass() {
+                // (A cost past the whole limit is refused alone, not the key.)
+                e.blocked_until = sent.saturating_add(wait.max(1));
+                e.blocked = Some(*d);
+            }
             e.left = Some(d.remaining);
             return;
         }
@@ -474,9 +500,11 @@ mod tests {
         )))
         .unwrap();
         // The charge left the bucket full again 10 ms later (an answer rounded up to
-        // the nanosecond, so 1 ns less): just under 10 units of debt.
+        // the nanosecond, so 1 ns less): just under 10 units of debt, all ten usable at
+        // the instant the lease was taken (the store has just decided them).
         let mut l = Lease::new(&limit, 0, 10, 0, 10 * MS);
-        assert_eq!(l.usable(0), 9);
+        assert_eq!(l.usable(0), 10);
+        assert_eq!(l.usable(1), 9);
         assert_eq!(l.usable(4 * MS), 5);
         assert_eq!(l.usable(10 * MS), 0);
         // Full again far later (others' debt before ours): all ten stay until then.

@@ -388,6 +388,7 @@ impl<S: Store> ScaleOut<S> {
                 let d = self.inner_check(now, &ask, budget).await?[0];
                 if d.allowed {
                     leases.taken(c.limit, c.key, asked, asked, &d, now, period);
+                    call.answered = true;
                     break;
                 }
                 let fair = (d.remaining / 2).max(c.cost);
@@ -395,10 +396,13 @@ impl<S: Store> ScaleOut<S> {
                     asked = fair;
                     continue;
                 }
+                // No room for this request: refused, as the store would refuse it.
                 leases.taken(c.limit, c.key, asked, 0, &d, now, period);
-                break;
+                call.answered = true;
+                return Ok(Some((d, None)));
             }
-            call.answered = true;
+            // Granted (or, after three smaller asks that others beat, not: the requests
+            // waiting for it then look again, and this one too).
             drop(call);
         }
         Ok(None)

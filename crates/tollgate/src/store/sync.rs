@@ -272,6 +272,11 @@ impl Syncs {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             for (&fp, e) in shard.lock().iter_mut() {
+                if matches!(e.limit.algorithm(), Algorithm::FixedWindow(_)) && now >= e.reset_at {
+                    // Units admitted in a window that has ended belong to it: pushed now,
+                    // they would be charged to the next one.
+                    e.pending = 0;
+                }
                 // Pending units, or a count to read: of a key used within the last two
                 // intervals (the others' admissions must reach it), or one marked stale.
                 let active = now.saturating_sub(e.last_used) <= active_for(e.interval);
