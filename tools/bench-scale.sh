@@ -54,7 +54,11 @@
 # instance is a few per second, below one per lease_period: leases are a unit each (a
 # cold key costs a call per decision, as lease.rs says), so leased costs what exact does.
 #
-# A full default run takes about 8 minutes.
+# Then tools/bench-scale-curve.sh (unless CURVE=0): the error curve, over- and
+# under-admission against lease_period and sync_interval (10 to 1000 ms) on a simulated
+# clock, as a table and OUT/curve.csv, OUT/curve.svg.
+#
+# A full default run takes about 15 minutes (8 for the fleet, 7 for the curve).
 #
 # Usage: tools/bench-scale.sh
 # Environment (optional): ROUNDS (3), DURATION (10: seconds per run), CALIBRATION (5:
@@ -478,3 +482,9 @@ f3() { awk -v x="$1" 'BEGIN { printf "%.3f", x }'; }
   echo "Measured: decisions/s (wrk, closed loop; the 2 cores are shared by the instances, Redis and wrk), p99 (wrk --latency, median of the instances), Redis calls (INFO commandstats: fcall/evalsha/eval), CPU (schedstat of the processes). Derived: Redis-bound decisions/s = 1 s ÷ Redis CPU per decision. admitted ÷ limit per window = admitted ÷ (limit × keys × wrk's elapsed seconds): an average over the ~${duration} one-second windows, which wrk cannot see one by one. OVER: admitted > limit × keys × windows touched (${duration} + 1). store errors: store errors + fallbacks + sync failures, summed over the rounds (--redis-deadline $redis_deadline)."
   echo "Raw numbers: $csv (one row per run), $out/instances.csv (one row per instance and run)."
 } | tee "$out/summary.md"
+
+# The error curve (over- and under-admission against lease_period and sync_interval, on
+# a simulated clock against the same kind of Redis), unless CURVE=0.
+if [[ "${CURVE:-1}" != 0 ]]; then
+  OUT="$out" bash "$root/tools/bench-scale-curve.sh"
+fi
