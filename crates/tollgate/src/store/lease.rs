@@ -104,6 +104,15 @@ impl Lease {
     }
 }
 
+/// How long a refused bucket lease keeps its key refused here: until a retry could pass
+/// and at least a lease `period`, but at most half the time the bucket of `burst`,
+/// refilled `limit` per `window`, takes to fill.
+fn bucket_wait(d: &Decision, period: Nanos, burst: u64, limit: u64, window: Nanos) -> Nanos {
+    let fill = u128::from(burst) * u128::from(window) / u128::from(limit.max(1));
+    let half = u64::try_from(fill / 2).unwrap_or(u64::MAX);
+    d.retry_after.max(period).min(half.max(d.retry_after))
+}
+
 /// Whether a limit's leases shrink as its bucket refills (every algorithm but the fixed
 /// window that can be leased).
 fn decays(limit: &Limit) -> bool {
@@ -111,14 +120,14 @@ fn decays(limit: &Limit) -> bool {
 }
 
 /// The size of the next lease of a key: about `horizon` worth (the lease period, or
-/// what is left of a fixed window if less) at the rate its last leases were spent
-/// (`spent` units in the `elapsed` since the last lease was taken), at least `cost`, at
+/// what is left of a fixed window if less) at the rate the key was used on this instance
+/// (`demand` units in the `elapsed` since the last lease was taken), at least `cost`, at
 /// most four times the `last` size asked and half of what the store said was `left`, and
 /// never more than the limit.
 pub fn next_size(
     cost: u64,
     last: u64,
-    spent: u64,
+    demand: u64,
     elapsed: Nanos,
     horizon: Nanos,
     left: Option<u64>,
@@ -129,7 +138,7 @@ pub fn next_size(
         // store would charge it.
         return cost;
     }
-    let rate = u128::from(spent) * u128::from(horizon) / u128::from(elapsed.max(1));
+    let rate = u128::from(demand) * u128::from(horizon) / u128::from(elapsed.max(1));
     let mut size = u64::try_from(rate).unwrap_or(u64::MAX);
     size = size.min(last.saturating_mul(4));
     if let Some(left) = left {
@@ -156,8 +165,10 @@ struct Entry {
     size: u64,
     /// When the last lease was taken.
     taken_at: Nanos,
-    /// Units spent since the last lease was taken.
+    /// Units spent here since the last lease was taken.
     spent: u64,
+    /// Units asked for (spent, or refused while the key was refused here) since then.
+    demand: u64,
     /// What the store said was left after the last lease.
     left: Option<u64>,
     /// The key is over its limit: leases are not asked for again before this.
@@ -243,6 +254,7 @@ impl Leases {
             size: 0,
             taken_at: now,
             spent: 0,
+            demand: 0,
             left: None,
             blocked_until: 0,
             blocked: None,
@@ -273,6 +285,7 @@ impl Leases {
                 }
             }
             e.spent = e.spent.saturating_add(cost);
+            e.demand = e.demand.saturating_add(cost);
             self.counters.local.fetch_add(1, Ordering::Relaxed);
             let in_hand: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
             let remaining = e
@@ -284,11 +297,16 @@ impl Leases {
             return Local::Decided(d, spent);
         }
         if now < e.blocked_until {
+            e.demand = e.demand.saturating_add(cost);
             if let Some(mut d) = e.blocked {
                 d.retry_after = d.retry_after.min(e.blocked_until - now).max(1);
                 d.reset_after = e.reset_at.saturating_sub(now);
                 return Local::Blocked(d);
             }
+        }
+        if e.blocked.take().is_some() {
+            // What was left when the key was refused says nothing of what is left now.
+            e.left = None;
         }
         if let Some(n) = &e.leasing {
             // Made under the lock: the lease's answer, which wakes it, takes the lock too.
@@ -315,7 +333,10 @@ impl Leases {
         let size = next_size(
             cost.saturating_sub(usable),
             e.size,
-            e.spent,
+            // A window's leases follow what the key spent (a window that fills turns its
+            // demand away until it ends); a bucket's follow what it was asked for, which
+            // goes on while a refused bucket refills.
+            if decays(limit) { e.demand } else { e.spent },
             now.saturating_sub(e.taken_at),
             horizon,
             e.left,
@@ -354,10 +375,13 @@ impl Leases {
             // period loses nothing and keeps a saturated key at about a call per instance
             // per period. A window's units come back only when it ends (leases are never
             // given back, and a rule change makes another limit): not before then.
-            let wait = if decays(limit) {
-                d.retry_after.max(period)
-            } else {
-                d.retry_after
+            let wait = match limit.algorithm() {
+                // Never so long that the bucket could fill meanwhile (its refill past
+                // full would be lost): at most half the time it takes to fill.
+                Algorithm::TokenBucket(b) => bucket_wait(d, period, b.burst, b.limit, b.window),
+                Algorithm::Gcra(b) => bucket_wait(d, period, b.burst, b.limit, b.window),
+                Algorithm::LeakyBucket(b) => bucket_wait(d, period, b.burst, b.limit, b.window),
+                _ => d.retry_after,
             };
             if !d.can_never_pass() {
                 // (A cost past the whole limit is refused alone, not the key.)
@@ -380,6 +404,7 @@ impl Leases {
         e.size = asked;
         e.taken_at = sent;
         e.spent = 0;
+        e.demand = 0;
         e.left = Some(d.remaining);
         e.blocked_until = 0;
         e.blocked = None;
@@ -395,7 +420,7 @@ impl Leases {
     }
 
     /// Gives back what a check spent, its request being rejected.
-    pub fn give_back(&self, limit: &Limit, key: &[u8], spent: &Spent, cost: u64) {
+    pub fn give_back(&self, limit: &Limit, key: &[u8], spent: &Spent) {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
         let Some(e) = shard.get_mut(&fp) else { return };
@@ -404,7 +429,6 @@ impl Leases {
                 l.units += n;
             }
         }
-        e.spent = e.spent.saturating_sub(cost);
     }
 
     /// Forgets keys not used for `idle` whose leases are spent or expired, counting

@@ -514,7 +514,7 @@ impl<S: Store> ScaleOut<S> {
             match u {
                 Undo::Lease(i, spent) => {
                     let c = &checks[*i];
-                    self.inner.leases.give_back(c.limit, c.key, spent, c.cost);
+                    self.inner.leases.give_back(c.limit, c.key, spent);
                 }
                 Undo::Sync(i) => {
                     let c = &checks[*i];

@@ -336,11 +336,14 @@ impl Syncs {
             Algorithm::FixedWindow(w) => reset.abs_diff(e.reset_at) < w.window / 2,
             _ => true,
         };
-        if let (true, Some(before)) = (same_window && sent > e.seen_at, e.base_room(sent)) {
+        // (A key with no room left says nothing of the others' demand: they are being
+        // refused, not idle; the rate seen before it filled stays for the next window.)
+        if let (true, Some(before)) = (
+            same_window && sent > e.seen_at && room > 0,
+            e.base_room(sent),
+        ) {
             let others = before.saturating_sub(room).saturating_sub(push.units);
             let sample = others as f64 / (sent - e.seen_at) as f64;
-            // The latest interval's rate alone: a load that starts or stops (a window
-            // that fills, a new one) is followed within one read.
             e.others_rate = sample;
         }
         e.seen = room;
