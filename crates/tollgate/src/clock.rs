@@ -43,9 +43,10 @@ pub trait Clock: Send + Sync {
 /// need and what several Tollgate instances can agree on. Reading `CLOCK_REALTIME`
 /// costs about 40 ns on a virtual machine, more than a whole check, so this clock reads
 /// the CPU's time-stamp counter (through `quanta`, which falls back to the OS clock
-/// where the TSC is not usable) and adds it to a wall-clock reading taken at most one
-/// second earlier. Re-anchoring every second keeps it within microseconds of the
-/// system clock, NTP adjustments included.
+/// where the TSC is not usable) and adds it to a wall-clock reading taken at most
+/// 100 ms earlier. The counter's rate is calibrated once, and a busy virtual machine
+/// can get it wrong by a part in a thousand; re-anchoring every 100 ms keeps the clock
+/// within a fraction of a millisecond of the system clock, NTP adjustments included.
 ///
 /// If the wall clock steps backwards, the algorithms treat the step as no time passing:
 /// a stored state is never rewound, so a backwards step can only make a limit stricter
@@ -65,7 +66,10 @@ mod anchored {
     use std::sync::OnceLock;
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    use super::{nanos, Nanos, NANOS_PER_SEC};
+    use super::{nanos, Nanos};
+
+    /// How long a wall-clock reading anchors the counter before another is taken.
+    const REANCHOR_EVERY: Nanos = 100_000_000;
 
     struct Anchor {
         clock: quanta::Clock,
@@ -113,7 +117,7 @@ mod anchored {
             }
             let raw = a.clock.raw();
             let elapsed = a.clock.delta_as_nanos(raw_at, raw);
-            if elapsed >= NANOS_PER_SEC {
+            if elapsed >= REANCHOR_EVERY {
                 reanchor(a);
             }
             return wall_at.saturating_add(elapsed);
@@ -229,7 +233,7 @@ mod tests {
             let before = os();
             let ours = SystemClock.now();
             let after = os();
-            // Within a millisecond of the OS reading (it re-anchors every second).
+            // Within a millisecond of the OS reading (it re-anchors every 100 ms).
             assert!(
                 ours + 1_000_000 >= before && ours <= after + 1_000_000,
                 "{before} {ours} {after}"
