@@ -35,6 +35,14 @@ fn tracing_on() -> bool {
     *ON.get_or_init(|| std::env::var("SCALE_OUT_TRACE").is_ok())
 }
 
+/// A current-thread runtime with timers, on which each instance's calls run.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
 /// A small deterministic generator (SplitMix64).
 struct Rng(u64);
 
@@ -164,10 +172,7 @@ fn simulate(seed: u64) -> Result<(), String> {
     };
     let count = 2 + rng.below(4) as usize;
     let mut instances: Vec<_> = (0..count).map(|_| instance()).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let mut now: Nanos = 1_000_000_000_000 + rng.below(1_000) * MS;
     let mut admitted: Vec<(Nanos, u64)> = Vec::new();
     let shadow_replay = MemoryStore::new();
@@ -250,10 +255,7 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
 /// calls, and the store called well under once per ten decisions.
 #[test]
 fn a_hot_key_is_leased_in_blocks_and_admitted_to_its_limit() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let s = Duration::from_secs(60);
     for algorithm in [
         Algorithm::FixedWindow(FixedWindow::new(1_000, s)),
@@ -319,10 +321,7 @@ impl Store for Counting {
 /// them.
 #[test]
 fn a_rejected_request_gives_its_leased_units_back() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let s = Duration::from_secs(60);
     let leased = Limit::new(Algorithm::FixedWindow(FixedWindow::new(10, s)))
         .unwrap()
@@ -360,10 +359,7 @@ fn a_rejected_request_gives_its_leased_units_back() {
 /// within one interval.
 #[test]
 fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let interval = 100 * MS;
     let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         1_000,
@@ -414,10 +410,7 @@ fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
 /// and the units admitted meanwhile reach it.
 #[test]
 fn a_synced_key_goes_back_to_the_store_when_its_count_is_stale() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let interval = 100 * MS;
     let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         1_000,
@@ -472,10 +465,7 @@ fn a_synced_key_goes_back_to_the_store_when_its_count_is_stale() {
 /// over by what they admit in an interval: a quarter of the limit here.)
 #[test]
 fn synced_instances_stop_close_to_the_limit_under_steady_load() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let interval = 100 * MS;
     let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         1_000,
@@ -515,10 +505,7 @@ fn synced_instances_stop_close_to_the_limit_under_steady_load() {
 /// next one (they would be charged to it).
 #[test]
 fn a_finished_windows_synced_units_are_not_charged_to_the_next() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let interval = 100 * MS;
     let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         100,
@@ -547,10 +534,7 @@ fn a_finished_windows_synced_units_are_not_charged_to_the_next() {
 /// request that takes a one-unit lease spends it at once.
 #[test]
 fn a_cold_bucket_key_costs_one_call_per_decision() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let limit = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
         1_000,
         Duration::from_secs(1),
@@ -574,10 +558,7 @@ fn a_cold_bucket_key_costs_one_call_per_decision() {
 /// whole lease period: what is in hand when the window ends is small.
 #[test]
 fn a_lease_near_a_windows_end_covers_only_its_rest() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
         100_000,
         Duration::from_secs(1),
