@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use redis_server::{RedisCluster, RedisServer, TlsFiles};
-use support::{check_domain, tempdir, Server};
+use support::{check_domain, spread_checks, tempdir, Server};
 
 /// The repository's case files: the shared Envoy and Tollgate cases (kept identical to
 /// `shared/cases`), and the project's own.
@@ -84,18 +84,6 @@ fn every_shared_case_passes_on_redis_and_on_a_redis_cluster() {
     }
 }
 
-async fn check(client: &reqwest::Client, server: &str, value: &str) -> u16 {
-    let body = serde_json::json!({"domain": "exact", "descriptors": [{"alg": value}]});
-    client
-        .post(format!("{server}/v1/check"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
@@ -128,34 +116,13 @@ async fn four_instances_on_one_redis_admit_exactly_the_limit() {
         }
         servers.push(Server::start(&dir, &args).await);
     }
-    let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
+    let urls: Vec<String> = servers.iter().map(|s| s.http.clone()).collect();
     for alg in tollgate::store::SCRIPT_ALGORITHMS {
         support::minute::away_from_a_minute_boundary(20);
-        let sent = Arc::new(AtomicU64::new(0));
-        let admitted = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
-        let mut clients = Vec::new();
-        for c in 0..200 {
-            let (sent, admitted, urls) = (sent.clone(), admitted.clone(), urls.clone());
-            clients.push(tokio::spawn(async move {
-                let client = reqwest::Client::new();
-                let server = &urls[c % urls.len()];
-                while sent.fetch_add(1, Ordering::Relaxed) < 1_600 {
-                    match check(&client, server, alg).await {
-                        200 => {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                        429 => {}
-                        other => panic!("status {other}"),
-                    }
-                }
-            }));
-        }
-        for c in clients {
-            c.await.unwrap();
-        }
+        let body = serde_json::json!({"domain": "exact", "descriptors": [{"alg": alg}]});
+        let admitted = spread_checks(&urls, 200, 1_600, body).await;
         let elapsed = started.elapsed().as_secs_f64();
-        let admitted = admitted.load(Ordering::Relaxed);
         if matches!(alg, "token_bucket" | "gcra" | "leaky_bucket") {
             // A bucket refills 1000/60 per second while the test runs: its documented
             // bound is burst + rate x elapsed.
@@ -262,7 +229,7 @@ async fn fresh_instances_decide_in_redis_from_their_first_request() {
         }
         away_from_a_day_boundary(60);
         let (loads_before, connections_before) = loads_and_connections(redis.port);
-        let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
+        let urls: Vec<String> = servers.iter().map(|s| s.http.clone()).collect();
         let body = serde_json::json!({"domain": "cold", "descriptors": [{"alg": alg}]});
         let sent = Arc::new(AtomicU64::new(0));
         let admitted = Arc::new(AtomicU64::new(0));

@@ -9,13 +9,11 @@
 mod redis_server;
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use serde_json::Value;
-use support::{tempdir, Server};
+use support::{spread_checks, tempdir, Server};
 
 const LEASED: [&str; 4] = ["fixed_window", "token_bucket", "gcra", "leaky_bucket"];
 
@@ -67,36 +65,15 @@ async fn four_leased_instances_never_pass_the_limit_and_rarely_call_redis() {
     for _ in 0..4 {
         servers.push(Server::start(&dir, &args).await);
     }
-    let urls: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.http.clone()).collect());
+    let urls: Vec<String> = servers.iter().map(|s| s.http.clone()).collect();
     for alg in LEASED {
         support::minute::away_from_a_minute_boundary(20);
         let calls_before = redis.script_calls();
-        let sent = Arc::new(AtomicU64::new(0));
-        let admitted = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         // 100 calls in flight, 3,000 in all, spread over the four instances.
-        let mut clients = Vec::new();
-        for c in 0..100 {
-            let (sent, admitted, urls) = (sent.clone(), admitted.clone(), urls.clone());
-            clients.push(tokio::spawn(async move {
-                let client = reqwest::Client::new();
-                let server = &urls[c % urls.len()];
-                while sent.fetch_add(1, Ordering::Relaxed) < 3_000 {
-                    match check(&client, server, "leased", ("alg", alg)).await.0 {
-                        200 => {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                        429 => {}
-                        other => panic!("status {other}"),
-                    }
-                }
-            }));
-        }
-        for c in clients {
-            c.await.unwrap();
-        }
+        let body = serde_json::json!({"domain": "leased", "descriptors": [{"alg": alg}]});
+        let admitted = spread_checks(&urls, 100, 3_000, body).await;
         let elapsed = started.elapsed().as_secs_f64();
-        let admitted = admitted.load(Ordering::Relaxed);
         let calls = redis.script_calls() - calls_before;
         // A bucket refills 1000/60 per second while the test runs.
         let most = if alg == "fixed_window" {

@@ -383,3 +383,49 @@ pub fn rls_request(domain: &str, grpc_timeout: Option<&str>) -> tonic::Request<R
     }
     request
 }
+
+/// Sends `total` `POST /v1/check` calls of `body` from `in_flight` concurrent clients, the
+/// clients spread over `servers` (HTTP base URLs) in turn; returns how many were admitted
+/// (200). Any status but 200 and 429 fails the test.
+pub async fn spread_checks(
+    servers: &[String],
+    in_flight: usize,
+    total: u64,
+    body: serde_json::Value,
+) -> u64 {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    let sent = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let (servers, body) = (Arc::new(servers.to_vec()), Arc::new(body));
+    let mut clients = Vec::new();
+    for c in 0..in_flight {
+        let (sent, admitted) = (Arc::clone(&sent), Arc::clone(&admitted));
+        let (servers, body) = (Arc::clone(&servers), Arc::clone(&body));
+        clients.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let server = &servers[c % servers.len()];
+            while sent.fetch_add(1, Ordering::Relaxed) < total {
+                let status = client
+                    .post(format!("{server}/v1/check"))
+                    .json(&*body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                match status {
+                    200 => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    429 => {}
+                    other => panic!("status {other}"),
+                }
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
