@@ -20,7 +20,7 @@
 //! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
 //! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open |
 //! | `tollgate_leases_total`, `tollgate_leases_refused_total` | domain, descriptor | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
-//! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total` | domain, descriptor | units leased, and units that expired unspent (the cause of under-admission) |
+//! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total`, `tollgate_leased_units_returned_total` | domain, descriptor | units leased, units that expired unspent (the cause of under-admission), and unspent units given back to Redis (a key gone idle, the instance stopping) |
 //! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
 //! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | | sync calls (`consistency: synced`; one per interval for all keys), those that failed |
 //! | `tollgate_synced_units_total` | domain, descriptor | units pushed by sync calls |
@@ -512,6 +512,7 @@ struct ScaleOutMetrics {
     refused: Family<RuleLabels, Counter>,
     units: Family<RuleLabels, Counter>,
     expired: Family<RuleLabels, Counter>,
+    returned: Family<RuleLabels, Counter>,
     local: Family<ConsistencyLabels, Counter>,
     sync_calls: Counter,
     sync_failures: Counter,
@@ -530,6 +531,7 @@ impl ScaleOutMetrics {
         let leases_refused = Family::<RuleLabels, Counter>::default();
         let leased_units = Family::<RuleLabels, Counter>::default();
         let leased_units_expired = Family::<RuleLabels, Counter>::default();
+        let leased_units_returned = Family::<RuleLabels, Counter>::default();
         let local_decisions = Family::<ConsistencyLabels, Counter>::default();
         let sync_calls = Counter::default();
         let sync_failures = Counter::default();
@@ -554,6 +556,11 @@ impl ScaleOutMetrics {
             "leased_units_expired",
             "Leased units that expired unspent",
             leased_units_expired.clone(),
+        );
+        registry.register(
+            "leased_units_returned",
+            "Unspent leased units given back to the store (a key gone idle, the instance stopping)",
+            leased_units_returned.clone(),
         );
         registry.register(
             "local_decisions",
@@ -585,6 +592,7 @@ impl ScaleOutMetrics {
             refused: leases_refused,
             units: leased_units,
             expired: leased_units_expired,
+            returned: leased_units_returned,
             local: local_decisions,
             sync_calls,
             sync_failures,
@@ -625,6 +633,7 @@ impl ScaleOutMetrics {
                 t.leases_refused += l.leases_refused;
                 t.units_leased += l.units_leased;
                 t.units_expired += l.units_expired;
+                t.units_returned += l.units_returned;
                 t.units_synced += l.units_synced;
             }
         }
@@ -634,6 +643,7 @@ impl ScaleOutMetrics {
                 (&self.refused, t.leases_refused),
                 (&self.units, t.units_leased),
                 (&self.expired, t.units_expired),
+                (&self.returned, t.units_returned),
                 (&self.synced_units, t.units_synced),
             ] {
                 if total > 0 {

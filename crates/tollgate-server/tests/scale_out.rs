@@ -186,3 +186,78 @@ async fn synced_counts_reach_redis_within_two_intervals_and_on_sigterm() {
     let (status, remaining) = check(&client, &c.http, "slow", ("k", "v")).await;
     assert_eq!((status, remaining), (200, 1_000 - 30 - 1));
 }
+
+/// The units a leased instance holds unspent go back to Redis when its key goes idle
+/// and when it stops (SIGTERM): another instance then sees them in the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unspent_leased_units_go_back_to_redis_when_idle_and_on_sigterm() {
+    let redis = RedisServer::start();
+    let dir = tempdir("scale-returned");
+    // A long lease period on `stop` (its key never goes idle within the test), a short
+    // one on `idle` (idle after a second).
+    std::fs::write(
+        dir.join("leased.yaml"),
+        "domain: stop\nconsistency: leased\nlease_period: 60s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("idle.yaml"),
+        "domain: idle\nconsistency: leased\nlease_period: 100ms\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    support::minute::away_from_a_minute_boundary(20);
+    let store = redis.url();
+    let args = ["--store", store.as_str(), "--workers", "1"];
+    let mut a = Server::start(&dir, &args).await;
+    let client = reqwest::Client::new();
+    for _ in 0..50 {
+        assert_eq!(check(&client, &a.http, "stop", ("k", "v")).await.0, 200);
+        assert_eq!(check(&client, &a.http, "idle", ("k", "v")).await.0, 200);
+    }
+    // Leases grow with the rate: the instance holds more than it spent.
+    let b = Server::start(&dir, &args).await;
+    let (status, before) = check(&client, &b.http, "stop", ("k", "v")).await;
+    assert_eq!(status, 200);
+    assert!(
+        before < 1_000 - 50 - 1,
+        "{before}: nothing held by the first"
+    );
+
+    // Idle for a second and more: the `idle` key's units go back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let returned = loop {
+        let text = a.get_text("/metrics").await;
+        let n: u64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tollgate_leased_units_returned_total{") && l.contains("\"idle\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if n > 0 {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "nothing given back:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (status, remaining) = check(&client, &b.http, "idle", ("k", "v")).await;
+    assert_eq!(
+        (status, remaining),
+        (200, 1_000 - 50 - 1),
+        "{returned} given back"
+    );
+
+    // SIGTERM: the `stop` key's units go back before the process exits.
+    a.terminate();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = Server::start(&dir, &args).await;
+    let (status, remaining) = check(&client, &c.http, "stop", ("k", "v")).await;
+    assert_eq!(status, 200);
+    // All but what the first spent (50) and the second holds (its first lease: 1),
+    // and this one's own.
+    assert_eq!(remaining, 1_000 - 50 - 1 - 1, "before SIGTERM: {before}");
+}

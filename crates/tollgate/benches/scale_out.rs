@@ -285,6 +285,7 @@ fn add(a: ScaleOutStats, b: ScaleOutStats) -> ScaleOutStats {
         leases_taken: a.leases_taken + b.leases_taken,
         units_leased: a.units_leased + b.units_leased,
         units_expired: a.units_expired + b.units_expired,
+        units_returned: a.units_returned + b.units_returned,
         leases_refused: a.leases_refused + b.leases_refused,
         leased_local: a.leased_local + b.leased_local,
         sync_calls: a.sync_calls + b.sync_calls,

@@ -2427,3 +2427,118 @@ fn on_a_cluster_a_refunded_log_keeps_a_charge_made_anyway_once() {
     let keys = ["alice", "d{o}b:_ é"];
     differential_on(&rt, &cluster.url(), true, keys, &limits, &reqs).unwrap();
 }
+
+/// One step of a lease trace: time passes, then a lease (leased counting's charge,
+/// answering a token), a plain charge (another instance's requests), or a give-back of
+/// unspent units of an earlier lease.
+#[derive(Debug, Clone)]
+enum LeaseOp {
+    Lease(u64),
+    Charge(u64),
+    GiveBack(usize, u64),
+}
+
+/// Leasable limits (no lockout, no queue): the fixed window and the buckets.
+fn leasable_limit() -> impl Strategy<Value = Limit> {
+    let n = prop_oneof![3 => 1u64..12, 1 => 1_000u64..20_000];
+    (0u8..4, n, window(), 1u64..15).prop_map(|(alg, n, w, burst)| {
+        let algorithm = match alg {
+            0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
+            1 => Algorithm::TokenBucket(TokenBucket::new(n, w).with_burst(burst)),
+            2 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst)),
+            _ => Algorithm::LeakyBucket(LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst)),
+        };
+        Limit::new(algorithm).unwrap()
+    })
+}
+
+fn lease_trace() -> impl Strategy<Value = Vec<(i64, LeaseOp)>> {
+    let advance = prop_oneof![
+        Just(0i64),
+        0i64..50_000_000,
+        0i64..2 * S as i64,
+        0i64..90 * S as i64,
+    ];
+    let cost = prop_oneof![7 => 1u64..6, 1 => 100u64..6_000];
+    let op = prop_oneof![
+        3 => cost.clone().prop_map(LeaseOp::Lease),
+        2 => cost.clone().prop_map(LeaseOp::Charge),
+        3 => (0usize..8, cost).prop_map(|(i, u)| LeaseOp::GiveBack(i, u)),
+    ];
+    prop::collection::vec((advance, op), 1..40)
+}
+
+/// Redis's give-back (`lua/driver.lua`'s `give_back_request`, from the receipt of the
+/// lease's call) leaves every key as the in-memory store's (`Limit::give_back_key`,
+/// from the state after the charge): a fixed window counts down while it is the window
+/// charged, a bucket moves back only while nothing charged it since.
+#[test]
+fn a_lease_given_back_in_redis_leaves_what_the_in_memory_store_leaves() {
+    let rt = runtime();
+    let server = RedisServer::start();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
+    let exact =
+        leasable_limit().prop_filter("computed at 1 ns", |l| RedisStore::tick_for(l) == Some(1));
+    let url = server.url();
+    // Give-backs that changed a key, over every trace: the traces must reach them.
+    let changed = AtomicU64::new(0);
+    runner
+        .run(&(exact, lease_trace()), |(limit, ops)| {
+            let memory = MemoryStore::builder().monotonic(false).build();
+            let redis = caller_time_store(&rt, &url);
+            let key = KEYS[1].as_bytes();
+            let mut tokens = Vec::new();
+            let mut now = T0;
+            for (step, (advance, op)) in ops.iter().enumerate() {
+                now = now.saturating_add_signed(*advance);
+                match *op {
+                    LeaseOp::Lease(cost) => {
+                        let check = Check::new(&limit, key, cost);
+                        let (want, mine) = rt.block_on(memory.lease(now, check, None)).unwrap();
+                        let (got, theirs) = rt.block_on(redis.lease(now, check, None)).unwrap();
+                        prop_assert_eq!(got, want, "lease at step {}", step);
+                        prop_assert_eq!(mine.is_some(), want.allowed);
+                        prop_assert_eq!(theirs.is_some(), got.allowed);
+                        if let (Some(m), Some(r)) = (mine, theirs) {
+                            tokens.push((m, r));
+                        }
+                    }
+                    LeaseOp::Charge(cost) => {
+                        let checks = [Check::new(&limit, key, cost)];
+                        let want = memory.check_all(now, &checks);
+                        let got = rt.block_on(redis.check(now, &checks)).unwrap();
+                        prop_assert_eq!(got, want, "charge at step {}", step);
+                    }
+                    LeaseOp::GiveBack(i, units) => {
+                        let Some((m, r)) = tokens.get(i % tokens.len().max(1)) else {
+                            continue;
+                        };
+                        let check = Check::new(&limit, key, units);
+                        let before = memory.check_all(now, &[Check::new(&limit, key, 0)]);
+                        rt.block_on(memory.give_back(now, check, m)).unwrap();
+                        rt.block_on(redis.give_back(now, check, r)).unwrap();
+                        let peek = [Check::new(&limit, key, 0)];
+                        let want = memory.check_all(now, &peek);
+                        let got = rt.block_on(redis.check(now, &peek)).unwrap();
+                        prop_assert_eq!(&got, &want, "after a give-back at step {}", step);
+                        if want != before {
+                            changed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        changed.load(Ordering::Relaxed) > 0,
+        "no give-back changed a key"
+    );
+}

@@ -25,7 +25,7 @@ use tollgate::algorithm::{
 };
 use tollgate::clock::Nanos;
 use tollgate::decision::Decision;
-use tollgate::store::{Check, Error, MemoryStore, ScaleOut, Store};
+use tollgate::store::{Check, Error, LeaseToken, MemoryStore, ScaleOut, Store};
 
 const MS: Nanos = 1_000_000;
 
@@ -77,8 +77,9 @@ struct Network {
     partitioned: Arc<AtomicU64>,
 }
 
-impl Store for Network {
-    async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+impl Network {
+    /// Whether the call is lost on its way (`Err`), and whether its answer will be.
+    fn faults(&self) -> Result<bool, Error> {
         if self.partitioned.load(Ordering::Relaxed) > 0 {
             return Err(Error::backend("partitioned"));
         }
@@ -89,6 +90,56 @@ impl Store for Network {
         if lose_call {
             return Err(Error::Timeout(Duration::from_millis(20)));
         }
+        Ok(lose_answer)
+    }
+}
+
+impl Store for Network {
+    async fn lease(
+        &self,
+        now: Nanos,
+        check: Check<'_>,
+        _budget: Option<Duration>,
+    ) -> Result<(Decision, Option<LeaseToken>), Error> {
+        let lose_answer = self.faults()?;
+        let (d, token) = self.store.lease_one(now, &check);
+        if tracing_on() {
+            eprintln!(
+                "  lease at {} ms cost {}: {d:?} lost answer {lose_answer}",
+                now / MS,
+                check.cost
+            );
+        }
+        if lose_answer {
+            return Err(Error::Timeout(Duration::from_millis(20)));
+        }
+        Ok((d, token))
+    }
+
+    async fn give_back(
+        &self,
+        now: Nanos,
+        check: Check<'_>,
+        token: &LeaseToken,
+    ) -> Result<(), Error> {
+        let lose_answer = self.faults()?;
+        let d = self.store.give_back_one(now, &check, token);
+        if tracing_on() {
+            eprintln!(
+                "  give back at {} ms {} units: store remaining {} lost answer {lose_answer}",
+                now / MS,
+                check.cost,
+                d.remaining
+            );
+        }
+        if lose_answer {
+            return Err(Error::Timeout(Duration::from_millis(20)));
+        }
+        Ok(())
+    }
+
+    async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        let lose_answer = self.faults()?;
         let d = self.store.check_all(now, checks);
         if tracing_on() {
             eprintln!(
@@ -177,13 +228,38 @@ fn simulate(seed: u64) -> Result<(), String> {
     let mut admitted: Vec<(Nanos, u64)> = Vec::new();
     let shadow_replay = MemoryStore::new();
     let trace = tracing_on();
+    let mut returned = 0;
+    // Requests every 7.5 ms on average (under most limits), or every 1.5 or 4 ms (over
+    // them all: the limit binds, and a unit spent twice shows).
+    let busy = [3, 8, 15][rng.below(3) as usize];
     for _ in 0..400 {
-        let gap = if rng.chance(10) { 400 } else { 15 };
+        let gap = if rng.chance(10) { 400 } else { busy };
         now += rng.below(gap) * MS + rng.below(MS);
         if rng.chance(2) {
             // An instance crashes and starts again, its leases lost.
             let i = rng.below(count as u64) as usize;
             instances[i] = instance();
+        }
+        if rng.chance(2) {
+            // An instance stops: it gives its unspent units back, and starts again.
+            let i = rng.below(count as u64) as usize;
+            let given = rt.block_on(instances[i].give_back_leases(now, true));
+            returned += given;
+            if trace {
+                eprintln!("{} ms: instance {i} stops, gives back {given}", now / MS);
+            }
+            instances[i] = instance();
+        }
+        if rng.chance(3) {
+            // The instances' maintenance: keys gone idle give their units back.
+            for x in &instances {
+                returned += rt.block_on(x.give_back_leases(now, false));
+            }
+        }
+        if rng.chance(2) {
+            // An instance gives back all it holds and goes on deciding.
+            let i = rng.below(count as u64) as usize;
+            returned += rt.block_on(instances[i].give_back_leases(now, true));
         }
         if rng.chance(2) {
             partitioned.fetch_xor(1, Ordering::Relaxed);
@@ -224,6 +300,7 @@ fn simulate(seed: u64) -> Result<(), String> {
             }
         }
     }
+    RETURNED.fetch_add(returned, Ordering::Relaxed);
     an_exact_store_admits_all(&limit, &admitted).map_err(|e| {
         format!(
             "seed {seed} ({count} instances, lease period {} ms): {e}",
@@ -231,6 +308,9 @@ fn simulate(seed: u64) -> Result<(), String> {
         )
     })
 }
+
+/// Units given back over every simulated run (the runs must reach give-backs).
+static RETURNED: AtomicU64 = AtomicU64::new(0);
 
 #[test]
 fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
@@ -246,6 +326,10 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
         failures.is_empty(),
         "replay with SCALE_OUT_SEED=<seed>:\n{}",
         failures.join("\n")
+    );
+    assert!(
+        RETURNED.load(Ordering::Relaxed) > 0,
+        "no unit was given back"
     );
 }
 
@@ -299,6 +383,77 @@ fn a_hot_key_is_leased_in_blocks_and_admitted_to_its_limit() {
         );
         assert!(calls * 10 < 3_000, "{name}: {calls} store calls");
         eprintln!("{name}: {count} admitted (exact: {exact}), {calls} store calls");
+    }
+}
+
+/// An instance that stops (or whose key goes idle) gives its unspent units back: the
+/// store's count goes down by them, and another instance leases them. A fixed window
+/// gives back every lease; a bucket its newest, while nothing charged the bucket since.
+#[test]
+fn unspent_units_go_back_to_the_store_when_an_instance_stops_or_a_key_goes_idle() {
+    let rt = runtime();
+    let s = Duration::from_secs(60);
+    for algorithm in [
+        Algorithm::FixedWindow(FixedWindow::new(100, s)),
+        Algorithm::TokenBucket(TokenBucket::new(100, s)),
+        Algorithm::Gcra(Gcra::new(100, s)),
+        Algorithm::LeakyBucket(LeakyBucket::new(100, s, LeakyMode::Meter)),
+    ] {
+        let period = 100 * MS;
+        let limit = Limit::new(algorithm)
+            .unwrap()
+            .with_consistency(Consistency::Leased { period });
+        let plain = limit.with_consistency(Consistency::Exact);
+        let name = limit.algorithm().name();
+        let store = Arc::new(MemoryStore::new());
+        let a = ScaleOut::new(Arc::clone(&store));
+        let b = ScaleOut::new(Arc::clone(&store));
+        let left = |now| store.check_all(now, &[Check::new(&plain, "k", 0)])[0].remaining;
+        let mut now: Nanos = 60_000 * 1_000 * MS;
+        // A hot key on one instance: its leases grow past what it spends.
+        for _ in 0..30 {
+            now += MS;
+            let d = rt
+                .block_on(a.check(now, &[Check::new(&limit, "k", 1)]))
+                .unwrap();
+            assert!(d[0].allowed);
+        }
+        let in_hand = a.units_in_hand(now);
+        assert!(in_hand > 0, "{name}: nothing in hand");
+        let before = left(now);
+        // Not idle yet: nothing goes back.
+        assert_eq!(rt.block_on(a.give_back_leases(now, false)), 0, "{name}");
+        // Idle for four lease periods (at least a second): the units go back.
+        now += 1_000 * MS;
+        let usable = a.units_in_hand(now);
+        let given = rt.block_on(a.give_back_leases(now, false));
+        assert!(
+            given > 0 && given <= usable,
+            "{name}: gave {given} of {usable}"
+        );
+        assert_eq!(a.units_in_hand(now), usable - given, "{name}");
+        assert!(left(now) >= before + given.min(100 - before) - 2, "{name}");
+        assert_eq!(a.stats().units_returned, given, "{name}");
+        // Another instance now admits what the store has left, and no more: the units
+        // given back are no longer spent by the first.
+        let mut admitted = 0;
+        for _ in 0..200 {
+            now += MS / 10;
+            let d = rt
+                .block_on(b.check(now, &[Check::new(&limit, "k", 1)]))
+                .unwrap();
+            admitted += u64::from(d[0].allowed);
+        }
+        assert!(
+            admitted + 30 + 2 >= 100,
+            "{name}: {admitted} admitted after 30"
+        );
+        // Stopping gives back everything still usable (here: what the second holds).
+        let held = b.units_in_hand(now);
+        let given = rt.block_on(b.give_back_leases(now, true));
+        assert!(given <= held, "{name}");
+        assert_eq!(b.units_in_hand(now), held - given, "{name}");
+        eprintln!("{name}: gave back, then {admitted} admitted elsewhere");
     }
 }
 

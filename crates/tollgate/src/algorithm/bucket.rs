@@ -62,6 +62,31 @@ impl Bucket {
         *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
     }
 
+    /// Gives back `units` of a lease whose charge left the bucket at `charged` (leased
+    /// counting, `store/lease.rs`), at `now`: only while nothing else has changed the
+    /// state since (`state == charged`: a charge made on top of it holds the slice above,
+    /// which must not shrink), by moving the instant back `units × window / limit`, but
+    /// never before `now` (what the charge no longer holds has refilled already).
+    /// `None`: nothing to change.
+    pub(crate) fn give_back(
+        &self,
+        state: &KeyState,
+        charged: &KeyState,
+        now: Nanos,
+        units: u64,
+    ) -> Option<KeyState> {
+        if state != charged || units == 0 || self.limit == 0 {
+            return None;
+        }
+        let at = state.scaled_instant(self.limit);
+        let ahead = at.checked_sub(now as u128 * self.limit as u128)?;
+        let back = (units as u128 * self.window as u128).min(ahead);
+        if back == 0 {
+            return None;
+        }
+        Some(KeyState::from_scaled_instant(at - back, self.limit))
+    }
+
     /// Decides a request of `cost` at `now`, charging `state` if it fits. Also returns
     /// `ahead` as the request found it (scaled by `limit`): the leaky bucket's queue
     /// waits for it to drain.
@@ -124,9 +149,9 @@ impl KeyState {
     }
 
     /// Stores the exact instant `scaled / rate` (the algorithms use [`advanced`](Self::advanced),
-    /// which avoids the u128 division; this is its reference in tests).
+    /// which avoids the u128 division; this is its reference in tests, and a lease's
+    /// give-back, which is rare, uses it).
     /// An instant beyond `u64::MAX` nanoseconds is clamped there.
-    #[cfg(test)]
     pub(crate) fn from_scaled_instant(scaled: u128, rate: u64) -> Self {
         let rate = rate.max(1) as u128;
         let ceil = scaled.div_ceil(rate);

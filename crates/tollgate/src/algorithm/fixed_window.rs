@@ -75,6 +75,26 @@ impl FixedWindow {
         };
     }
 
+    /// Gives back `units` of a lease whose charge left the state at `charged`, at `now`
+    /// (leased counting): the count goes down by them while the stored window is still
+    /// the one charged and has not ended (others' charges since change nothing: the
+    /// units given back were charged and never spent). `None`: nothing to change.
+    pub fn give_back(
+        &self,
+        state: &KeyState,
+        charged: &KeyState,
+        now: Nanos,
+        units: u64,
+    ) -> Option<KeyState> {
+        if units == 0 || state.expires_at != charged.expires_at || state.is_fresh(now) {
+            return None;
+        }
+        Some(KeyState {
+            expires_at: state.expires_at,
+            word: state.word.saturating_sub(units),
+        })
+    }
+
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let window = self.window.max(1);

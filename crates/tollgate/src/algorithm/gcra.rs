@@ -85,6 +85,18 @@ impl Gcra {
         d
     }
 
+    /// Gives back `units` of a lease whose charge left the state at `charged`, at `now`
+    /// (leased counting): see the shared bucket's `give_back`. `None`: nothing to change.
+    pub fn give_back(
+        &self,
+        state: &KeyState,
+        charged: &KeyState,
+        now: Nanos,
+        units: u64,
+    ) -> Option<KeyState> {
+        self.bucket().give_back(state, charged, now, units)
+    }
+
     /// The shared bucket: `tat` is its instant, the tolerance its capacity.
     fn bucket(&self) -> Bucket {
         Bucket::new(self.limit, self.window, self.burst)

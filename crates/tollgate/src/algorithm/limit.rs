@@ -216,6 +216,26 @@ impl Limit {
         }
     }
 
+    /// Gives back `units` of a lease (leased counting) whose charge left the key's state
+    /// at `charged`, the state being `state` at `now`: the state without those units, or
+    /// `None` when nothing may change (the fixed window has turned, a bucket was charged
+    /// since, or the algorithm keeps another state).
+    pub fn give_back_key(
+        &self,
+        state: &KeyState,
+        charged: &KeyState,
+        now: Nanos,
+        units: u64,
+    ) -> Option<KeyState> {
+        match &self.algorithm {
+            Algorithm::FixedWindow(a) => a.give_back(state, charged, now, units),
+            Algorithm::TokenBucket(a) => a.give_back(state, charged, now, units),
+            Algorithm::Gcra(a) => a.give_back(state, charged, now, units),
+            Algorithm::LeakyBucket(a) => a.give_back(state, charged, now, units),
+            Algorithm::SlidingLog(_) | Algorithm::SlidingWindow(_) => None,
+        }
+    }
+
     /// Charges `cost` at `now` to a sliding log's state whether it fits or not.
     pub fn charge_log(&self, state: &mut LogState, now: Nanos, cost: u64) {
         if let Algorithm::SlidingLog(a) = &self.algorithm {

@@ -26,6 +26,14 @@
 //! per decision. The request that takes a lease may spend all of it at once (the store
 //! has just decided it); a bucket lease's decay starts after. Leases are spent
 //! oldest first and kept apart (each with its own expiry) so that the bound above holds.
+//!
+//! Unspent units go back to the shared store ([`Leases::returns`], then
+//! [`Store::give_back`](super::Store::give_back)) when a key goes idle here and when the
+//! instance stops: a fixed window's count goes down by them while the window lasts; a
+//! bucket's newest lease goes back only while nothing has charged the bucket since (a
+//! lease on top of it holds the slice above), and older ones decay as before. A unit is
+//! taken out of hand before it is given back, so it is never both spent here and
+//! leased again elsewhere.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -35,6 +43,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::scale_out::PerLimit;
+use super::LeaseToken;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -44,7 +53,7 @@ use crate::decision::Decision;
 const MAX_LEASES_PER_KEY: usize = 4;
 
 /// One block of units in hand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// Which lease of its key this is (to give units back to it).
     pub seq: u64,
@@ -62,6 +71,9 @@ pub struct Lease {
     pub limit: u64,
     /// See `limit`.
     pub window: Nanos,
+    /// What the store answered with the charge, to give unspent units back with (`None`:
+    /// the store cannot).
+    pub token: Option<LeaseToken>,
 }
 
 impl Lease {
@@ -77,6 +89,7 @@ impl Lease {
             from: sent,
             limit: limit.limit(),
             window: limit.window(),
+            token: None,
         }
     }
 
@@ -178,8 +191,30 @@ struct Entry {
     /// When the key's state is fresh again, as the last lease's answer said.
     reset_at: Nanos,
     last_used: Nanos,
+    /// The lease period the key was last leased with.
+    period: Nanos,
     /// A lease call in flight: other requests wait for it instead of calling too.
     leasing: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// Unspent units of one lease, out of hand, to give back to the shared store
+/// ([`Leases::returns`]).
+#[derive(Debug, Clone)]
+pub struct Return {
+    /// The limit.
+    pub limit: Limit,
+    /// The runtime key.
+    pub key: Box<[u8]>,
+    /// Units to give back.
+    pub units: u64,
+    /// The lease's token.
+    pub token: LeaseToken,
+}
+
+/// How long a key with units in hand must go unused before they go back to the shared
+/// store: four lease periods, at least a second.
+pub fn return_after(period: Nanos) -> Nanos {
+    period.saturating_mul(4).max(1_000_000_000)
 }
 
 /// What a check may do with a key's leases at `now`.
@@ -209,6 +244,8 @@ pub struct LeaseCounters {
     pub expired: AtomicU64,
     /// Lease calls the store refused for want of room.
     pub refused: AtomicU64,
+    /// Unspent units given back to the store (a key gone idle, the instance stopping).
+    pub returned: AtomicU64,
     /// Checks decided from units in hand.
     pub local: AtomicU64,
 }
@@ -260,6 +297,7 @@ impl Leases {
             blocked: None,
             reset_at: now,
             last_used: now,
+            period,
             leasing: None,
         });
         if e.limit != *limit || *e.key != *key {
@@ -267,6 +305,7 @@ impl Leases {
             return Local::Exact;
         }
         e.last_used = now;
+        e.period = period;
         let expired = drop_spent(&mut e.leases, now);
         self.expired(limit.id(), expired);
         let usable: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
@@ -347,8 +386,9 @@ impl Leases {
     }
 
     /// A lease call sent at `sent` for `asked` units answered `d` (charged with `units`,
-    /// or refused when `units` is 0): the units go in hand, or the key is blocked until
-    /// a retry could pass (at most one `period`). Wakes the requests that waited.
+    /// or refused when `units` is 0) and `token`: the units go in hand, or the key is
+    /// blocked until a retry could pass (at most one `period`). Wakes the requests that
+    /// waited.
     #[allow(clippy::too_many_arguments)]
     pub fn taken(
         &self,
@@ -359,6 +399,7 @@ impl Leases {
         d: &Decision,
         sent: Nanos,
         period: Nanos,
+        token: Option<LeaseToken>,
     ) {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
@@ -399,8 +440,9 @@ impl Leases {
         });
         let seq = e.next_seq;
         e.next_seq += 1;
-        e.leases
-            .push_back(Lease::new(limit, seq, units, sent, d.reset_after));
+        let mut lease = Lease::new(limit, seq, units, sent, d.reset_after);
+        lease.token = token;
+        e.leases.push_back(lease);
         e.size = asked;
         e.taken_at = sent;
         e.spent = 0;
@@ -429,6 +471,57 @@ impl Leases {
                 l.units += n;
             }
         }
+    }
+
+    /// Takes out of hand the unspent units that can go back to the shared store at `now`:
+    /// of every key (`all`: the instance is stopping), or of the keys unused for
+    /// [`return_after`] their lease period with no lease call in flight. A fixed window's every lease with units left; a bucket's newest lease
+    /// only (the store takes it back only if nothing charged the bucket since; the
+    /// older ones sit below it and decay as they would).
+    pub fn returns(&self, now: Nanos, all: bool) -> Vec<Return> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            for e in shard.values_mut() {
+                if !all
+                    && (e.leasing.is_some()
+                        || now.saturating_sub(e.last_used) < return_after(e.period))
+                {
+                    continue;
+                }
+                let expired = drop_spent(&mut e.leases, now);
+                self.expired(e.limit.id(), expired);
+                let newest = e.leases.len().saturating_sub(1);
+                let bucket = decays(&e.limit);
+                for (i, l) in e.leases.iter_mut().enumerate() {
+                    if bucket && i != newest {
+                        continue;
+                    }
+                    let Some(token) = l.token.take() else {
+                        continue;
+                    };
+                    let units = l.usable(now);
+                    if units == 0 {
+                        continue;
+                    }
+                    l.units -= units;
+                    out.push(Return {
+                        limit: e.limit,
+                        key: e.key.clone(),
+                        units,
+                        token,
+                    });
+                }
+                e.leases.retain(|l| l.units > 0);
+            }
+        }
+        out
+    }
+
+    /// Counts `units` of limit `id` given back to the store.
+    pub fn returned(&self, id: u64, units: u64) {
+        self.counters.returned.fetch_add(units, Ordering::Relaxed);
+        self.per_limit.add(id, |s| s.units_returned += units);
     }
 
     /// Forgets keys not used for `idle` whose leases are spent or expired, counting

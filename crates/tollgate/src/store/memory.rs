@@ -45,7 +45,7 @@ use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Check, Error, Store};
+use super::{Check, Error, LeaseToken, Store};
 use crate::algorithm::{KeyState, Limit, LogState, StateKind, WindowState};
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -202,6 +202,52 @@ impl MemoryStore {
             d.remaining = 0;
         }
         d
+    }
+
+    /// Charges a lease (leased counting: one check, decided as [`check_one`](Self::check_one)
+    /// decides it) and answers with the decision the key's state after the charge, the
+    /// token that [`give_back_one`](Self::give_back_one) takes. No token for a rejection or
+    /// an algorithm with another state.
+    pub fn lease_one(&self, now: Nanos, check: &Check<'_>) -> (Decision, Option<LeaseToken>) {
+        let fp = self.fingerprint(check);
+        let mut shard = self.shards[self.shard_of(fp)].lock();
+        let now = self.effective_now(&mut shard, now);
+        let d = self.decide(&mut shard, fp, check, now);
+        if !d.allowed || check.cost == 0 || check.charge != super::ChargeRejected::None {
+            return (d, None);
+        }
+        let token = shard.keys.get(&fp).map(|st| {
+            let mut bytes = Vec::with_capacity(16);
+            bytes.extend_from_slice(&st.expires_at.to_le_bytes());
+            bytes.extend_from_slice(&st.word.to_le_bytes());
+            LeaseToken(bytes.into())
+        });
+        (d, token)
+    }
+
+    /// Gives back `check.cost` unspent units of the lease that answered `token`, at `now`
+    /// (see [`Limit::give_back_key`](crate::algorithm::Limit::give_back_key)); answers
+    /// the key decided again with cost 0.
+    pub fn give_back_one(&self, now: Nanos, check: &Check<'_>, token: &LeaseToken) -> Decision {
+        let fp = self.fingerprint(check);
+        let mut shard = self.shards[self.shard_of(fp)].lock();
+        let now = self.effective_now(&mut shard, now);
+        let charged = match <[u8; 16]>::try_from(&*token.0) {
+            Ok(b) => {
+                let (at, word) = b.split_at(8);
+                KeyState {
+                    expires_at: u64::from_le_bytes(at.try_into().unwrap_or_default()),
+                    word: u64::from_le_bytes(word.try_into().unwrap_or_default()),
+                }
+            }
+            Err(_) => KeyState::default(),
+        };
+        if let Some(st) = shard.keys.get_mut(&fp) {
+            if let Some(back) = check.limit.give_back_key(st, &charged, now, check.cost) {
+                *st = back;
+            }
+        }
+        self.decide(&mut shard, fp, &Check { cost: 0, ..*check }, now)
     }
 
     /// `now`, or with `monotonic`, no earlier than any decision already made in the
@@ -655,5 +701,25 @@ impl Store for MemoryStore {
         checks: &'a [Check<'a>],
     ) -> impl std::future::Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
         std::future::ready(Ok(self.check_all(now, checks)))
+    }
+
+    fn lease<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        _budget: Option<std::time::Duration>,
+    ) -> impl std::future::Future<Output = Result<(Decision, Option<LeaseToken>), Error>> + Send + 'a
+    {
+        std::future::ready(Ok(self.lease_one(now, &check)))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        token: &'a LeaseToken,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send + 'a {
+        self.give_back_one(now, &check, token);
+        std::future::ready(Ok(()))
     }
 }

@@ -251,7 +251,54 @@ pub trait Store: Send + Sync {
         let _ = budget;
         self.check(now, checks)
     }
+
+    /// Charges one check as [`Store::check`] does (within `budget` when given), for a
+    /// lease of leased counting, and answers besides the decision a token from which
+    /// [`Store::give_back`] can return unspent units of the charge. A store that cannot
+    /// give back answers no token (the default).
+    fn lease<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        budget: Option<std::time::Duration>,
+    ) -> impl Future<Output = Result<(Decision, Option<LeaseToken>), Error>> + Send + 'a {
+        async move {
+            let checks = [check];
+            let decisions = match budget {
+                Some(b) => self.check_within(now, &checks, b).await?,
+                None => self.check(now, &checks).await?,
+            };
+            let d = decisions
+                .first()
+                .copied()
+                .ok_or_else(|| Error::backend("the store answered no decision to a lease"))?;
+            Ok((d, None))
+        }
+    }
+
+    /// Gives back `check.cost` units of the lease whose charge answered `token`, at `now`:
+    /// unspent units, so that other instances may lease them. A fixed window counts
+    /// down while it is the window charged; a bucket only while nothing has changed it
+    /// since the lease (see each algorithm's `give_back`): otherwise nothing changes, and
+    /// the units expire as they would have. Never admits more than keeping them would.
+    /// The default does nothing.
+    fn give_back<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        token: &'a LeaseToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let _ = (now, check, token);
+        std::future::ready(Ok(()))
+    }
 }
+
+/// What a store answers with a lease's charge ([`Store::lease`]) so that
+/// [`Store::give_back`] can return unspent units of it later: opaque bytes (Redis's
+/// receipt of the key before and after the charge; the in-memory store's state after
+/// it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseToken(pub(crate) Box<[u8]>);
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn check<'a>(
@@ -269,6 +316,24 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         budget: std::time::Duration,
     ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send + 'a {
         (**self).check_within(now, checks, budget)
+    }
+
+    fn lease<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        budget: Option<std::time::Duration>,
+    ) -> impl Future<Output = Result<(Decision, Option<LeaseToken>), Error>> + Send + 'a {
+        (**self).lease(now, check, budget)
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        now: Nanos,
+        check: Check<'a>,
+        token: &'a LeaseToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        (**self).give_back(now, check, token)
     }
 }
 

@@ -38,6 +38,9 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 /// A key with nothing in hand and unused this long is forgotten.
 const IDLE: Nanos = 10_000_000_000;
 
+/// Give-back calls in flight at once (one per lease).
+const RETURNS_IN_FLIGHT: usize = 64;
+
 /// How long a request waits for another request's lease call on the same key before
 /// looking again.
 const LEASE_WAIT: Duration = Duration::from_millis(50);
@@ -73,6 +76,8 @@ pub struct ScaleOutStats {
     pub units_leased: u64,
     /// Leased units that expired unspent (under-admission's cause).
     pub units_expired: u64,
+    /// Unspent leased units given back to the shared store (keys gone idle, stopping).
+    pub units_returned: u64,
     /// Lease calls refused for want of room.
     pub leases_refused: u64,
     /// Leased checks decided from units in hand.
@@ -100,6 +105,8 @@ pub struct LimitStats {
     pub units_leased: u64,
     /// Leased units that expired unspent.
     pub units_expired: u64,
+    /// Unspent leased units given back to the shared store.
+    pub units_returned: u64,
     /// Units pushed by sync calls.
     pub units_synced: u64,
 }
@@ -206,6 +213,7 @@ impl<S: Store> ScaleOut<S> {
             leases_taken: get(&l.taken),
             units_leased: get(&l.units),
             units_expired: get(&l.expired),
+            units_returned: get(&l.returned),
             leases_refused: get(&l.refused),
             leased_local: get(&l.local),
             sync_calls: get(&s.calls),
@@ -303,9 +311,42 @@ impl<S: Store> ScaleOut<S> {
         self.inner.syncs.sweep(now, IDLE);
     }
 
-    /// Runs synced counting's exchanges and the tables' sweeps on `clock` until `stop`
-    /// completes, then pushes what is pending (at most `flush_within`). Spawn it once per
-    /// `ScaleOut` when any rule is `synced` (it only sweeps otherwise).
+    /// Gives unspent leased units back to the shared store at `now`: of the keys unused
+    /// for [`lease::return_after`] their lease period, or (`all`) of every key, before
+    /// stopping. Units go out of hand first; a call that fails loses them (they expire in
+    /// the store as they would have). Returns the units given back.
+    pub async fn give_back_leases(&self, now: Nanos, all: bool) -> u64 {
+        use futures_util::StreamExt;
+        let leases = &self.inner.leases;
+        let returns = leases.returns(now, all);
+        if returns.is_empty() {
+            return 0;
+        }
+        let store = &self.inner.store;
+        let given: Vec<u64> = futures_util::stream::iter(returns)
+            .map(|r: lease::Return| async move {
+                let check = Check::new(&r.limit, &*r.key, r.units);
+                match store.give_back(now, check, &r.token).await {
+                    Ok(()) => {
+                        leases.returned(r.limit.id(), r.units);
+                        r.units
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "unspent leased units could not be given back; they expire in the store");
+                        0
+                    }
+                }
+            })
+            .buffer_unordered(RETURNS_IN_FLIGHT)
+            .collect()
+            .await;
+        given.iter().sum()
+    }
+
+    /// Runs synced counting's exchanges, the give-back of idle keys' leased units and the
+    /// tables' sweeps on `clock` until `stop` completes, then pushes what is pending and
+    /// gives back every unspent leased unit (at most `flush_within`). Spawn it once per
+    /// `ScaleOut`.
     pub async fn maintain<C: Clock>(
         &self,
         clock: C,
@@ -329,15 +370,25 @@ impl<S: Store> ScaleOut<S> {
                 tracing::warn!(error = %e, "synced counts could not be exchanged with the store; they are sent again at the next interval");
             }
             if now.saturating_sub(last_sweep) >= 1_000_000_000 {
+                self.give_back_leases(now, false).await;
                 self.sweep(now);
                 last_sweep = now;
             }
         }
-        match tokio::time::timeout(flush_within, self.flush(clock.now())).await {
-            Ok(Ok(n)) if n > 0 => tracing::info!(keys = n, "synced counts sent to the store before stopping"),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "synced counts could not be sent to the store before stopping"),
-            Err(_) => tracing::warn!("synced counts were not sent to the store before stopping: it did not answer in time"),
+        let now = clock.now();
+        let flush = async { tokio::join!(self.flush(now), self.give_back_leases(now, true)) };
+        match tokio::time::timeout(flush_within, flush).await {
+            Ok((synced, returned)) => {
+                match synced {
+                    Ok(n) if n > 0 => tracing::info!(keys = n, "synced counts sent to the store before stopping"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "synced counts could not be sent to the store before stopping"),
+                }
+                if returned > 0 {
+                    tracing::info!(units = returned, "unspent leased units given back to the store before stopping");
+                }
+            }
+            Err(_) => tracing::warn!("synced counts and leased units were not all sent to the store before stopping: it did not answer in time"),
         }
     }
 
@@ -384,10 +435,10 @@ impl<S: Store> ScaleOut<S> {
             // A lease is a charge of the shared store by the limit's own algorithm; one
             // that does not fit is asked again smaller, for half of what is left.
             for _ in 0..3 {
-                let ask = [Check::new(c.limit, c.key, asked)];
-                let d = self.inner_check(now, &ask, budget).await?[0];
+                let ask = Check::new(c.limit, c.key, asked);
+                let (d, token) = self.inner.store.lease(now, ask, budget).await?;
                 if d.allowed {
-                    leases.taken(c.limit, c.key, asked, asked, &d, now, period);
+                    leases.taken(c.limit, c.key, asked, asked, &d, now, period, token);
                     call.answered = true;
                     break;
                 }
@@ -397,7 +448,7 @@ impl<S: Store> ScaleOut<S> {
                     continue;
                 }
                 // No room for this request: refused, as the store would refuse it.
-                leases.taken(c.limit, c.key, asked, 0, &d, now, period);
+                leases.taken(c.limit, c.key, asked, 0, &d, now, period, None);
                 call.answered = true;
                 return Ok(Some((d, None)));
             }

@@ -49,6 +49,9 @@ pub(super) const FORCED: u64 = 2;
 pub(super) const RECEIPT: u64 = 4;
 /// Take back what the request charged, from the receipt its call answered.
 pub(super) const REFUND: u64 = 8;
+/// Give back the check's cost (unspent units of a lease, leased counting) from the
+/// receipt the lease's call answered.
+pub(super) const GIVE: u64 = 16;
 
 /// One request as the script calls for its groups of checks see it.
 pub(super) struct Call<'a, 'c> {
@@ -80,7 +83,7 @@ impl Call<'_, '_> {
 }
 
 /// The packed `ARGV` argument and the `KEYS` of one group of checks; `flags`: the time
-/// mode's [`FORCED`], [`RECEIPT`] or [`REFUND`], or 0.
+/// mode's [`FORCED`], [`RECEIPT`], [`REFUND`] or [`GIVE`], or 0.
 pub(super) fn request(
     time: TimeSource,
     now: Nanos,

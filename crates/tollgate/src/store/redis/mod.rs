@@ -102,6 +102,15 @@
 //! answer it; the extra call per slot comes only when another slot rejects. Requests within one slot,
 //! and every request on a single Redis, are decided exactly as before.
 //!
+//! ## Leases
+//! A lease of leased counting ([`Store::lease`]) is one check in a call of its own (not
+//! batched), answering the same receipt a cluster's call does (for a lone check: the key
+//! before and after the charge). [`Store::give_back`] sends it back with the units to
+//! return (`lua/driver.lua`, `give_back_request`): a fixed window's count goes down by them
+//! while the stored window is the one charged; a bucket moves back only while the key is
+//! still exactly as the lease left it (its algorithm's `REFUND`, which never goes before
+//! now). Anything else leaves the key as it is.
+//!
 //! ## Failures
 //! Every call has a deadline (20 ms by default); a timeout, an error or an open circuit
 //! comes back as a [`store::Error`](super::Error), and the [`Limiter`](crate::limiter::Limiter)
@@ -146,12 +155,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::blocked::BlockedCache;
-use super::{Check, Error, Store};
+use super::{Check, Error, LeaseToken, Store};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use batcher::Batchers;
 use breaker::Breaker;
-use call::{invoke, Call, Reply, Request, FORCED, RECEIPT, REFUND};
+use call::{invoke, Call, Reply, Request, FORCED, GIVE, RECEIPT, REFUND};
 use client::Connection;
 use keys::KeyNames;
 use script::{Encoded, Scripts, FAILED};
@@ -560,6 +569,40 @@ impl RedisStore {
         }
     }
 
+    /// Decides one check in a call of its own with the time mode `flags` ([`RECEIPT`]:
+    /// a lease; [`GIVE`]: giving back units of one, `receipt` being its lease's), within
+    /// `deadline`: its decision and the receipt the call answered.
+    async fn alone(
+        &self,
+        now: Nanos,
+        check: Check<'_>,
+        flags: u64,
+        receipt: Option<&LeaseToken>,
+        deadline: Duration,
+    ) -> Result<(Decision, Option<Vec<u8>>), Error> {
+        let encoded = [Encoded::new(check.limit).map_err(out_of_range)?];
+        let names = [KeyNames::new(&self.prefix, check.limit.id(), check.key)];
+        let checks = [check];
+        let epoch = self.shared.warming.epoch();
+        if !self.shared.breaker.permit() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::CircuitOpen);
+        }
+        let call = Call {
+            time: self.time,
+            now,
+            checks: &checks,
+            encoded: &encoded,
+            names: &names,
+        };
+        let mut request = call.request(&[0], flags);
+        request.receipt = receipt.map(|t| t.0.to_vec());
+        let reply = self.send_alone(request, deadline).await;
+        let Reply { answers, receipt } = self.answers(&[0], reply, epoch)?;
+        let d = encoded[0].decode(check.limit.limit(), &answers[..5]);
+        Ok((d, receipt))
+    }
+
     /// Sends one request in a call of its own (cluster) within `deadline`: its answers
     /// and the receipt it answered, if it asked for one.
     async fn send_alone(&self, request: Request, deadline: Duration) -> Result<Reply, Error> {
@@ -582,6 +625,35 @@ impl Store for RedisStore {
     ) -> Result<Vec<Decision>, Error> {
         self.check_by(now, checks, deadline_within(self.deadline, budget))
             .await
+    }
+
+    /// A lease is one check in a call of its own (not batched: its call answers the
+    /// receipt of the key before and after the charge, `lua/driver.lua`'s
+    /// `lone_receipt`), the token [`Store::give_back`] sends back.
+    async fn lease(
+        &self,
+        now: Nanos,
+        check: Check<'_>,
+        budget: Option<Duration>,
+    ) -> Result<(Decision, Option<LeaseToken>), Error> {
+        let deadline = budget.map_or(self.deadline, |b| deadline_within(self.deadline, b));
+        let (d, receipt) = self.alone(now, check, RECEIPT, None, deadline).await?;
+        let token = receipt
+            .filter(|r| d.allowed && !r.is_empty())
+            .map(|r| LeaseToken(r.into()));
+        Ok((d, token))
+    }
+
+    /// Gives back in a call of its own (`lua/driver.lua`'s `give_back_request`).
+    async fn give_back(
+        &self,
+        now: Nanos,
+        check: Check<'_>,
+        token: &LeaseToken,
+    ) -> Result<(), Error> {
+        self.alone(now, check, GIVE, Some(token), self.deadline)
+            .await
+            .map(|_| ())
     }
 }
 

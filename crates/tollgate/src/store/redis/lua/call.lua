@@ -8,7 +8,7 @@
 -- little-endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
 -- per batch; 1: the next two; +2: the request is already rejected; +4: answer a
--- receipt; +8: take back a charge), now seconds, now nanoseconds, the number of checks,
+-- receipt; +8: take back a charge; +16: give back a lease's units), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
 -- window / gcd, cost, flags (1: shadow mode, 2: quota mode, 4 x charge_rejected: 0 none,
 -- 1 over_limit, 2 all, 16 x the quota group), lockout (ticks), queue.
@@ -17,6 +17,9 @@
 -- state read first: lone_receipt) and answers, besides the answers' string, the receipt
 -- of what it changed (an array of the two strings; see driver.lua); +8 takes that charge back, the receipt being the argument after the
 -- request's, and answers the checks admitted at first, decided again with cost 0.
+-- Mode +16 (leased counting, a request of one check alone in its call) gives back the
+-- check's cost, unspent units of a lease whose call (+4) answered the receipt that is the
+-- argument after the request's (give_back_request in driver.lua).
 -- KEYS, request after request: per check its state key, then its log meta key
 -- (sliding log), then its lockout key (when it has a lockout).
 -- Returns one string: per check, little-endian doubles (exact integers), all times in
@@ -98,11 +101,17 @@ for q = 1, requests do
   local blob = ARGV[arg]
   local lone = LONE[arg]
   local mode, NS, NN, count, pos, cost
-  local forced, special, refund, wants = false, false, false, false
+  local forced, special, refund, wants, give = false, false, false, false, false
   if not lone then
     mode, NS, NN, count, pos = unpack('<dddd', blob)
     if mode >= 2 then
       special = true
+      -- Mode +16: give back a lease's unspent units (the receipt is the argument after
+      -- it).
+      if mode >= 16 then
+        give = true
+        mode = mode - 16
+      end
       -- Mode +8: take back what the request charged (Redis Cluster; the receipt is the
       -- argument after it). +4: answer a receipt too. +2: the request is already
       -- rejected (by the caller's blocked-key cache): its checks are decided and then
@@ -209,7 +218,9 @@ for q = 1, requests do
     end
 
     local ok, decisions, receipt
-    if refund then
+    if give then
+      ok, decisions = pcall(give_back_request, checks, count, ARGV[arg + 1])
+    elseif refund then
       ok, decisions = pcall(refund_request, checks, count, ARGV[arg + 1])
     else
       ok, decisions, receipt = pcall(decide_request, checks, count, forced, RECEIPT)

@@ -353,3 +353,35 @@ local function refund_request(checks, count, receipt)
   end
   return decisions
 end
+
+-- Gives back unspent units of a lease (leased counting, store/lease.rs): the request's
+-- one check, its cost the units, and the receipt the lease's call answered (a lone
+-- check's, lone_receipt: the key before and after the charge). A fixed window counts
+-- down by them while the stored window is still the one charged (REFUND[1]; others'
+-- charges since change nothing: the units were charged and never spent). A bucket
+-- only while nothing has changed it since the lease (a charge on top of it holds the
+-- slice above, which must not shrink): its instant moves back by the units, but never
+-- before now (REFUND, algorithm/bucket.rs `give_back`). Anything else changes nothing.
+-- Answers the check decided again with cost 0.
+local function give_back_request(checks, count, receipt)
+  if UNDO[1] then UNDO = {} end
+  MULTI = false
+  local c = checks[1]
+  local n, pos = UNPACK('<d', receipt)
+  pos = pos + 8 * n
+  if count == 1 and c.cost > 0 and c.alg ~= 2 and c.alg ~= 3 and pos < #receipt then
+    local _, new
+    _, _, _, pos = UNPACK('<ddd', receipt, pos)
+    _, pos = rtake(receipt, pos)
+    new = rtake(receipt, pos)
+    local now = CALL('GET', c.key)
+    if now and new and (c.alg == 1 or now == new) then
+      local read = READ[c.alg] or unpack_state
+      local st = REFUND[c.alg](c, read(c, now), read(c, new), c.cost)
+      if st then (WRITE[c.alg] or put_state)(c, st) end
+    end
+  end
+  local decisions = {}
+  for i = 1, count do decisions[i] = decide(checks[i], 0) end
+  return decisions
+end
