@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
 use crate::workers::{stopped, HttpLimits};
-use crate::{api, grpc, workers};
+use crate::{api, conn, grpc, workers};
 use tollgate::headers::HeaderSettings;
 
 /// How often the in-memory store drops states that are fresh again.
@@ -36,8 +36,13 @@ const FOLLOW_RULES_EVERY: Duration = Duration::from_millis(100);
 /// message); a backstop under the API's own limits.
 pub(crate) const HTTP_MAX_BODY: usize = 4 << 20;
 /// Request-body bytes an HTTP API listener holds at once for all its unfinished
-/// requests (about 60,000 rate limit requests of 1 KB); past it, a body fails.
+/// requests (about 60,000 rate limit requests of 1 KB); past it, a body fails (503).
 pub(crate) const HTTP_BODY_BUDGET: usize = 64 << 20;
+/// Request-body bytes one HTTP connection holds at once for its unfinished requests:
+/// one body of the largest size and room for others (as the native gRPC transport's
+/// `MAX_BUFFERED`), so that one HTTP/2 connection with many streams cannot take the
+/// listener's [`HTTP_BODY_BUDGET`]; past it, a body fails (503).
+pub(crate) const HTTP_CONNECTION_BODY_BUDGET: usize = HTTP_MAX_BODY + (64 << 10);
 
 /// Runs the service until SIGTERM or SIGINT, then drains.
 pub fn serve(args: ServeArgs) -> ExitCode {
@@ -406,12 +411,14 @@ pub(crate) fn timeouts(args: &CommonArgs) -> Timeouts {
 }
 
 /// The limits of a listener whose handlers buffer request bodies (`serve`'s HTTP API,
-/// the admin endpoints): [`HTTP_MAX_BODY`] each, [`HTTP_BODY_BUDGET`] together.
+/// the admin endpoints): [`HTTP_MAX_BODY`] each, [`HTTP_CONNECTION_BODY_BUDGET`] per
+/// connection, [`HTTP_BODY_BUDGET`] together.
 pub(crate) fn api_limits(timeouts: Timeouts) -> HttpLimits {
     HttpLimits {
         timeouts,
         bodies: BodyLimits {
             max: Some(HTTP_MAX_BODY),
+            per_connection: Some(HTTP_CONNECTION_BODY_BUDGET),
             budget: Some(Arc::new(BodyBudget::new(HTTP_BODY_BUDGET))),
         },
     }
@@ -504,13 +511,21 @@ pub(crate) fn serve_admin(
     [acceptor, served]
 }
 
+/// tonic's server as [`tonic_server`] builds it: with the layer that holds request
+/// messages to their budgets.
+type TonicServer = tonic::transport::Server<
+    tower::layer::util::Stack<conn::grpc_bodies::BudgetLayer, tower::layer::util::Identity>,
+>;
+
 /// tonic's server with the native transport's limits (`tollgate_h2::ServerSettings`:
 /// streams per connection, header list, connection window; the protocol's default
-/// stream window and frame size, which the native transport keeps), keepalive PINGs
-/// ([`workers::grpc_keepalive`]), and each call bounded by the idle timeout (a call
-/// whose message stalls is cancelled; `Watch` streams are not cut, their call is
-/// answered at once).
-fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
+/// stream window and frame size, which the native transport keeps; the bytes of
+/// unfinished request messages per connection and in all, through
+/// [`conn::grpc_bodies`]), a bound on the streams it resets for the client's protocol
+/// errors, keepalive PINGs ([`workers::grpc_keepalive`]), and each call bounded by
+/// the idle timeout (a call whose message stalls is cancelled; `Watch` streams are not
+/// cut, their call is answered at once).
+fn tonic_server(timeouts: &Timeouts) -> TonicServer {
     let native = grpc::native::settings();
     tonic::transport::Server::builder()
         .max_concurrent_streams(native.max_concurrent_streams)
@@ -519,12 +534,14 @@ fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
         .initial_stream_window_size(GRPC_STREAM_WINDOW)
         .max_frame_size(GRPC_MAX_FRAME_SIZE)
         .http2_max_pending_accept_reset_streams(Some(GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_max_local_error_reset_streams(Some(GRPC_MAX_LOCAL_ERROR_RESET_STREAMS))
         .http2_keepalive_interval(Some(workers::grpc_keepalive(timeouts.idle)))
         .http2_keepalive_timeout(Some(workers::HTTP2_KEEPALIVE_TIMEOUT))
         .timeout(timeouts.idle)
         // The acceptor sets TCP_NODELAY on every connection (this applies to tonic's
         // own listener only); said anyway.
         .tcp_nodelay(true)
+        .layer(conn::grpc_bodies::BudgetLayer::new())
 }
 
 /// tonic's stream window: HTTP/2's default, as the native transport's (a rate limit
@@ -535,6 +552,10 @@ const GRPC_MAX_FRAME_SIZE: u32 = 16_384;
 /// Streams a gRPC client may open and reset before tonic accepts them (h2's default;
 /// the "rapid reset" attack).
 const GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams tonic may reset for a client's protocol errors (invalid headers or frames)
+/// before it sends GOAWAY `ENHANCE_YOUR_CALM`: h2's own default, which tonic turns off
+/// unless it is set (a client could otherwise make it reset streams without end).
+const GRPC_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
 /// The native gRPC transport on a worker's connections: `grpc::native::serve` for
 /// each connection alone, so that the connection's slot under the listener's cap is

@@ -7,10 +7,13 @@
 //!   the accept, or later nothing for the idle timeout while no call is pending (HTTP/2
 //!   keepalive PINGs do not count). [`Inbound`] cuts a
 //!   request body that pauses longer than the idle timeout and charges buffered bodies
-//!   to a listener-wide [`BodyBudget`].
+//!   to a per-connection and a listener-wide [`BodyBudget`]; a body past either is
+//!   answered 503 by [`Call`].
 //! - The tonic gRPC transport: [`Watched`] wraps the socket, closing it when the HTTP/2
 //!   preface does not arrive within the header-read timeout, or when the client sends
-//!   nothing for the idle timeout although the server PINGs it more often than that.
+//!   nothing for the idle timeout although the server PINGs it more often than that;
+//!   it carries the connection's [`BodyBudget`], which [`grpc_bodies`] charges each
+//!   request message to, with a process-wide one.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -18,7 +21,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -26,7 +29,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Limited;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -37,6 +40,8 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use crate::workers::Slot;
+
+pub(crate) mod grpc_bodies;
 
 /// A body error, boxed as hyper and axum take them.
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -59,6 +64,10 @@ pub(crate) struct BodyLimits {
     /// `LengthLimitError`, which axum's extractors answer 413. `None`: no limit (the
     /// gateway streams bodies to its upstream and buffers none).
     pub max: Option<usize>,
+    /// Bytes one connection's unfinished request bodies may hold together (each
+    /// connection has a [`BodyBudget`] of this size), so that one HTTP/2 connection
+    /// with many streams cannot take the whole listener's `budget`. `None`: no limit.
+    pub per_connection: Option<usize>,
     /// Bytes all the listener's unfinished request bodies may hold together.
     pub budget: Option<Arc<BodyBudget>>,
 }
@@ -82,7 +91,7 @@ impl BodyBudget {
     }
 
     /// Takes `n` bytes from the budget; `false` (nothing taken) when they do not fit.
-    fn charge(&self, n: usize) -> bool {
+    pub(crate) fn charge(&self, n: usize) -> bool {
         let before = self.used.fetch_add(n, Relaxed);
         if before.saturating_add(n) > self.limit {
             self.used.fetch_sub(n, Relaxed);
@@ -92,7 +101,7 @@ impl BodyBudget {
     }
 
     /// Gives `n` bytes back.
-    fn release(&self, n: usize) {
+    pub(crate) fn release(&self, n: usize) {
         if n > 0 {
             self.used.fetch_sub(n, Relaxed);
         }
@@ -112,20 +121,65 @@ enum BodyError {
     Stalled(Duration),
     /// The listener's [`BodyBudget`] is spent.
     OverBudget,
+    /// The connection's [`BodyBudget`] is spent.
+    ConnectionOverBudget,
 }
 
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BodyError::Stalled(after) => write!(f, "the request body sent nothing for {after:?}"),
-            BodyError::OverBudget => {
-                f.write_str("the listener holds too many request bodies; try again later")
-            }
+            BodyError::OverBudget => f.write_str(LISTENER_FULL),
+            BodyError::ConnectionOverBudget => f.write_str(CONNECTION_FULL),
         }
     }
 }
 
 impl StdError for BodyError {}
+
+/// Why a body past the listener's [`BodyBudget`] is refused.
+const LISTENER_FULL: &str = "the listener holds too many request bodies; try again later";
+/// Why a body past its connection's [`BodyBudget`] is refused.
+const CONNECTION_FULL: &str = "this connection holds too many unfinished request bodies; \
+     finish them, or send this request on another connection";
+
+/// Which budget refused a call's request body, if one did: what [`Inbound`] tells the
+/// [`Call`], which answers 503 whatever the handler made of the failed body.
+#[derive(Debug, Default)]
+struct Refused(AtomicU8);
+
+impl Refused {
+    // 0: not refused.
+    const LISTENER: u8 = 1;
+    const CONNECTION: u8 = 2;
+
+    fn set(&self, why: BodyError) {
+        let code = match why {
+            BodyError::OverBudget => Self::LISTENER,
+            BodyError::ConnectionOverBudget => Self::CONNECTION,
+            BodyError::Stalled(_) => return,
+        };
+        self.0.store(code, Relaxed);
+    }
+
+    /// The answer to a refused body: 503, with why in a JSON body as the HTTP API's
+    /// other refusals have it.
+    fn answer(&self) -> Option<Response<Body>> {
+        let why = match self.0.load(Relaxed) {
+            Self::LISTENER => LISTENER_FULL,
+            Self::CONNECTION => CONNECTION_FULL,
+            _ => return None,
+        };
+        let body = serde_json::json!({ "error": why }).to_string();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Some(response)
+    }
+}
 
 /// What an HTTP connection has been doing, shared by its service calls and response
 /// bodies (which note each request event: a call starting or answered, a response
@@ -233,6 +287,8 @@ pub(crate) struct Tracked<S> {
     activity: Arc<Activity>,
     idle: Duration,
     bodies: BodyLimits,
+    /// This connection's share of request-body bytes ([`BodyLimits::per_connection`]).
+    connection: Option<Arc<BodyBudget>>,
 }
 
 impl<S> Tracked<S> {
@@ -244,12 +300,16 @@ impl<S> Tracked<S> {
         idle: Duration,
         bodies: BodyLimits,
     ) -> Self {
+        let connection = bodies
+            .per_connection
+            .map(|limit| Arc::new(BodyBudget::new(limit)));
         Self {
             service,
             peer,
             activity,
             idle,
             bodies,
+            connection,
         }
     }
 }
@@ -265,21 +325,35 @@ where
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         self.activity.call_started();
-        let mut request =
-            request.map(|body| Body::new(Inbound::new(body, self.idle, &self.bodies)));
+        // Only where a budget may refuse the body.
+        let refused = (self.bodies.budget.is_some() || self.connection.is_some())
+            .then(|| Arc::new(Refused::default()));
+        let mut request = request.map(|body| {
+            Body::new(Inbound::new(
+                body,
+                self.idle,
+                &self.bodies,
+                self.connection.clone(),
+                refused.clone(),
+            ))
+        });
         request.extensions_mut().insert(ConnectInfo(self.peer));
         Call {
             inner: self.service.clone().oneshot(request),
             activity: Some(Arc::clone(&self.activity)),
+            refused,
         }
     }
 }
 
 /// A [`Tracked`] call: the service's answer, with its body in [`Outbound`]. The call
 /// counts as pending in the connection's [`Activity`] until it is answered or dropped.
+/// A call whose request body a budget refused is answered 503 (the handler saw a body
+/// that failed to read, and would have answered 400).
 pub(crate) struct Call<S: tower::Service<Request<Body>>> {
     inner: Oneshot<S, Request<Body>>,
     activity: Option<Arc<Activity>>,
+    refused: Option<Arc<Refused>>,
 }
 
 impl<S> Future for Call<S>
@@ -297,7 +371,12 @@ where
             return Poll::Pending;
         };
         activity.call_ended();
-        Poll::Ready(answer.map(|response| response.map(|inner| Outbound { inner, activity })))
+        let refusal = this.refused.as_ref().and_then(|r| r.answer());
+        Poll::Ready(answer.map(|response| {
+            refusal
+                .unwrap_or(response)
+                .map(|inner| Outbound { inner, activity })
+        }))
     }
 }
 
@@ -350,9 +429,10 @@ impl Drop for Outbound {
 }
 
 /// A request body as the handlers get it: at most [`BodyLimits::max`] bytes, charged to
-/// the listener's [`BodyBudget`] until dropped, and failed when no data comes for the
-/// idle timeout (a stalled upload would otherwise hold its buffer and its connection
-/// for ever). The timer is set only when the body has to wait for data.
+/// its connection's and the listener's [`BodyBudget`] until dropped, and failed when no
+/// data comes for the idle timeout (a stalled upload would otherwise hold its buffer
+/// and its connection for ever). The timer is set only when the body has to wait for
+/// data.
 struct Inbound {
     inner: Limited<Incoming>,
     /// The longest wait for the next frame.
@@ -361,20 +441,51 @@ struct Inbound {
     /// A frame came since the timer was set: the next wait starts a new pause.
     rearm: bool,
     budget: Option<Arc<BodyBudget>>,
-    /// Bytes taken from `budget`.
+    /// The connection's budget.
+    connection: Option<Arc<BodyBudget>>,
+    /// Bytes taken from `budget` and from `connection`.
     charged: usize,
+    /// Where a refusal is noted for the [`Call`].
+    refused: Option<Arc<Refused>>,
 }
 
 impl Inbound {
-    fn new(body: Incoming, pause: Duration, limits: &BodyLimits) -> Self {
+    fn new(
+        body: Incoming,
+        pause: Duration,
+        limits: &BodyLimits,
+        connection: Option<Arc<BodyBudget>>,
+        refused: Option<Arc<Refused>>,
+    ) -> Self {
         Self {
             inner: Limited::new(body, limits.max.unwrap_or(usize::MAX)),
             pause,
             timer: None,
             rearm: false,
             budget: limits.budget.clone(),
+            connection,
             charged: 0,
+            refused,
         }
+    }
+
+    /// Takes `n` bytes from the connection's budget, then from the listener's.
+    fn charge(&mut self, n: usize) -> Result<(), BodyError> {
+        if let Some(connection) = &self.connection {
+            if !connection.charge(n) {
+                return Err(BodyError::ConnectionOverBudget);
+            }
+        }
+        if let Some(budget) = &self.budget {
+            if !budget.charge(n) {
+                if let Some(connection) = &self.connection {
+                    connection.release(n);
+                }
+                return Err(BodyError::OverBudget);
+            }
+        }
+        self.charged += n;
+        Ok(())
     }
 }
 
@@ -390,11 +501,14 @@ impl HttpBody for Inbound {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.rearm = true;
-                if let (Some(budget), Some(data)) = (&this.budget, frame.data_ref()) {
-                    if !budget.charge(data.len()) {
-                        return Poll::Ready(Some(Err(Box::new(BodyError::OverBudget))));
+                let len = frame.data_ref().map_or(0, Bytes::len);
+                if len > 0 && (this.budget.is_some() || this.connection.is_some()) {
+                    if let Err(why) = this.charge(len) {
+                        if let Some(refused) = &this.refused {
+                            refused.set(why);
+                        }
+                        return Poll::Ready(Some(Err(Box::new(why))));
                     }
-                    this.charged += data.len();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -428,6 +542,9 @@ impl Drop for Inbound {
         if let Some(budget) = &self.budget {
             budget.release(self.charged);
         }
+        if let Some(connection) = &self.connection {
+            connection.release(self.charged);
+        }
     }
 }
 
@@ -440,10 +557,12 @@ const PREFACE_LEN: usize = 24;
 /// client has not sent [`PREFACE_LEN`] bytes within the header-read timeout of the
 /// accept, or later sends nothing at all for the idle timeout. tonic PINGs a quiet
 /// client more often than that ([`crate::workers::grpc_keepalive`]), so a client that is
-/// there always answers in time, however long it makes no call.
+/// there always answers in time, however long it makes no call. It carries the
+/// connection's budget of request bytes ([`grpc_bodies::GrpcConnectInfo`]).
 pub(crate) struct Watched {
     io: TcpStream,
     _slot: Slot,
+    info: grpc_bodies::GrpcConnectInfo,
     timeouts: Timeouts,
     opened: Instant,
     /// Bytes read, counted up to [`PREFACE_LEN`].
@@ -456,9 +575,11 @@ impl Watched {
     /// `io`, accepted now, holding `slot`.
     pub(crate) fn new(io: TcpStream, slot: Slot, timeouts: Timeouts) -> Self {
         let opened = Instant::now();
+        let info = grpc_bodies::GrpcConnectInfo::default();
         Self {
             io,
             _slot: slot,
+            info,
             timeouts,
             opened,
             read: 0,
@@ -550,9 +671,9 @@ impl AsyncWrite for Watched {
 }
 
 impl Connected for Watched {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = grpc_bodies::GrpcConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.info.clone()
     }
 }

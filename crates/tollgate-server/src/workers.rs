@@ -824,6 +824,7 @@ mod tests {
         let budget = Arc::new(BodyBudget::new(1_000));
         let bodies = BodyLimits {
             max: Some(800),
+            per_connection: None,
             budget: Some(Arc::clone(&budget)),
         };
         let (addr, _stop) = listen(buffering(), limits(5_000, 400, bodies), 100).await;
@@ -843,6 +844,7 @@ mod tests {
             .await
             .expect("write");
         let answer = response(&mut over).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
         assert!(answer.contains("too many request bodies"), "{answer}");
         let mut fits = TcpStream::connect(addr).await.expect("connect");
         fits.write_all(format!("{}{}", post(300), "z".repeat(300)).as_bytes())

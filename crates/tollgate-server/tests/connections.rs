@@ -3,14 +3,19 @@
 //! (`--header-read-timeout`, `--idle-timeout`), a listener stops accepting at
 //! `--max-connections` and serves the next client once one leaves, the tonic
 //! transport refuses streams past the native transport's `MAX_CONCURRENT_STREAMS`
-//! while keeping a quiet client that answers its PINGs, the gateway cuts an upload
-//! that stalls, `serve --admin-listen` is held to the same limits, and an acceptor out
-//! of file descriptors neither spins nor floods the log.
+//! while keeping a quiet client that answers its PINGs, one HTTP/2 connection cannot
+//! hold more than its share of unfinished request bodies (HTTP listener: 503; tonic:
+//! `RESOURCE_EXHAUSTED`) while another connection is served, the gateway cuts an
+//! upload that stalls, `serve --admin-listen` is held to the same limits, and an
+//! acceptor out of file descriptors neither spins nor floods the log.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
 mod support;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -388,6 +393,159 @@ async fn a_quiet_grpc_client_that_answers_pings_is_kept_and_a_silent_one_is_not(
     assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
 }
 
+/// Bytes of unfinished request bodies one connection may hold, on the HTTP listener
+/// (`app::HTTP_CONNECTION_BODY_BUDGET`) and on the tonic transport (the native
+/// transport's `MAX_BUFFERED`): one 4 MiB body and 64 KiB.
+const CONNECTION_BODY_BUDGET: usize = (4 << 20) + (64 << 10);
+/// What each unfinished body below sends of its declared length: under the HTTP
+/// API's 1 MiB body limit; five of them are past [`CONNECTION_BODY_BUDGET`], four are
+/// not.
+const PARTIAL_BODY: usize = 900_000;
+const _: () =
+    assert!(4 * PARTIAL_BODY < CONNECTION_BODY_BUDGET && 5 * PARTIAL_BODY > CONNECTION_BODY_BUDGET);
+
+#[tokio::test]
+async fn one_http2_connection_cannot_hold_more_than_its_share_of_unfinished_bodies() {
+    let s = Server::start(&rules("http-conn-bodies"), &["--idle-timeout", "60s"]).await;
+    let mut c = RawH2::open(http_addr(&s)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let post = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/v1/check"),
+        (":authority", "x"),
+        ("content-type", "application/json"),
+        ("content-length", "1000000"),
+    ]);
+    // Five bodies of 1,000,000 bytes, each sent up to 900,000 and never finished: the
+    // first four fit the connection's share, the fifth does not.
+    let streams = [1, 3, 5, 7, 9];
+    for stream in streams {
+        c.start(stream, &post, false).await;
+        c.send(stream, &vec![b' '; PARTIAL_BODY], deadline).await;
+    }
+    assert!(
+        c.wait(deadline, |c| c.finished(9)).await,
+        "the fifth unfinished body on one connection was held ({} bytes in all)",
+        streams.len() * PARTIAL_BODY
+    );
+    let refused = &c.answers[&9];
+    assert_eq!(refused.field(":status"), Some("503"), "{refused:?}");
+    let text = String::from_utf8_lossy(&refused.data);
+    assert!(
+        text.contains("too many unfinished request bodies"),
+        "{text}"
+    );
+    for stream in &streams[..4] {
+        assert!(!c.answered(*stream), "stream {stream} was answered");
+    }
+    // Another connection is served meanwhile, an unfinished body of its own open too.
+    let mut other = RawH2::open(http_addr(&s)).await;
+    other.start(1, &post, false).await;
+    other.send(1, &vec![b' '; PARTIAL_BODY], deadline).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/check", s.http))
+        .json(&serde_json::json!({"domain": "api", "descriptors": [{"user": "alice"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    // And so is the first, for a body that fits.
+    let small = br#"{"domain": "api", "descriptors": [{"user": "bob"}]}"#;
+    let post_small = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/v1/check"),
+        (":authority", "x"),
+        ("content-type", "application/json"),
+    ]);
+    c.start(11, &post_small, false).await;
+    c.send(11, small, deadline).await;
+    c.end(11).await;
+    assert!(c.wait(deadline, |c| c.finished(11)).await);
+    assert_eq!(c.answers[&11].field(":status"), Some("200"));
+}
+
+#[tokio::test]
+async fn one_tonic_connection_cannot_hold_more_than_its_share_of_unfinished_messages() {
+    let s = Server::start(
+        &rules("tonic-conn-bodies"),
+        &["--grpc-transport", "tonic", "--idle-timeout", "60s"],
+    )
+    .await;
+    let c = RawH2::open(&s.grpc).await;
+    let other = RawH2::open(&s.grpc).await;
+    unfinished_messages_past_the_connections_share(c, other).await;
+}
+
+#[tokio::test]
+async fn one_tonic_connection_over_tls_cannot_hold_more_than_its_share_of_unfinished_messages() {
+    let files = redis_server::TlsFiles::generate("conn-bodies");
+    let path = |file: &str| files.path(file).to_string_lossy().into_owned();
+    let (cert, key) = (path("server.pem"), path("server.key"));
+    let s = Server::start(
+        &rules("tonic-tls-conn-bodies"),
+        &[
+            "--grpc-tls-cert",
+            &cert,
+            "--grpc-tls-key",
+            &key,
+            "--idle-timeout",
+            "60s",
+        ],
+    )
+    .await;
+    let c = RawH2::open_tls(&s.grpc, &files.read("ca.pem")).await;
+    let other = RawH2::open_tls(&s.grpc, &files.read("ca.pem")).await;
+    unfinished_messages_past_the_connections_share(c, other).await;
+}
+
+/// On `c`, five calls whose message says 1,000,000 bytes and sends 900,000 of them:
+/// the fifth is answered `RESOURCE_EXHAUSTED`, the first four are held, and a call on
+/// `other` (another connection to the same listener) is answered.
+async fn unfinished_messages_past_the_connections_share(mut c: RawH2, mut other: RawH2) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut message = vec![0u8];
+    message.extend(1_000_000u32.to_be_bytes());
+    message.extend(vec![0u8; PARTIAL_BODY]);
+    let streams = [1, 3, 5, 7, 9];
+    for stream in streams {
+        c.start(stream, &request_headers(), false).await;
+        c.send(stream, &message, deadline).await;
+    }
+    assert!(
+        c.wait(deadline, |c| c.finished(9)).await,
+        "the fifth unfinished message on one connection was held ({} bytes in all)",
+        streams.len() * message.len()
+    );
+    let refused = &c.answers[&9];
+    assert_eq!(refused.field("grpc-status"), Some("8"), "{refused:?}");
+    assert!(
+        refused
+            .field("grpc-message")
+            .is_some_and(|m| m.contains("too%20many%20unfinished")),
+        "{refused:?}"
+    );
+    for stream in &streams[..4] {
+        assert!(!c.answered(*stream), "stream {stream} was answered");
+    }
+    // Another connection is served meanwhile: a health check (an empty message).
+    let health = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/grpc.health.v1.Health/Check"),
+        (":authority", "tollgate"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
+    other.start(1, &health, false).await;
+    other.send(1, &[0, 0, 0, 0, 0], deadline).await;
+    other.end(1).await;
+    assert!(other.wait(deadline, |c| c.finished(1)).await);
+    let answer = &other.answers[&1];
+    assert_eq!(answer.field("grpc-status"), Some("0"), "{answer:?}");
+}
+
 #[tokio::test]
 async fn the_gateway_cuts_an_upload_that_stalls() {
     // An upstream that reads what it is sent and never answers.
@@ -549,12 +707,226 @@ async fn start_with_ulimit(
 
 // HTTP/2 frames, by hand: what a client that does not play by the rules sends.
 
+/// What the server sent on one stream.
+#[derive(Debug, Default)]
+struct Answer {
+    /// The decoded header fields of every header block (response headers, trailers).
+    fields: Vec<(String, String)>,
+    data: Vec<u8>,
+    /// The RST_STREAM error code, if reset.
+    reset: Option<u32>,
+    /// Whether the server ended the stream (END_STREAM, or a reset).
+    ended: bool,
+}
+
+impl Answer {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A raw HTTP/2 client connection that keeps to flow control (so that it can send
+/// large bodies) and notes what the server answers on each stream.
+struct RawH2 {
+    c: Box<dyn Io>,
+    decoder: tollgate_h2::hpack::Decoder,
+    /// What the server lets us send on the connection, and on each stream.
+    conn_window: i64,
+    initial_window: i64,
+    windows: HashMap<u32, i64>,
+    answers: HashMap<u32, Answer>,
+}
+
+impl RawH2 {
+    /// Connects, sends the preface and empty SETTINGS, and reads the server's SETTINGS.
+    async fn open(addr: &str) -> Self {
+        Self::over(Box::new(TcpStream::connect(addr).await.unwrap())).await
+    }
+
+    /// As [`open`](Self::open), over TLS (ALPN `h2`) to a server for `localhost` whose
+    /// CA is `ca` (PEM).
+    async fn open_tls(addr: &str, ca: &[u8]) -> Self {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = tokio_rustls::rustls::crypto::ring::default_provider();
+        let mut config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider.into())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        Self::over(Box::new(tls)).await
+    }
+
+    async fn over(mut c: Box<dyn Io>) -> Self {
+        c.write_all(PREFACE).await.unwrap();
+        c.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+        let mut h2 = Self {
+            c,
+            decoder: tollgate_h2::hpack::Decoder::new(4096),
+            conn_window: 65_535,
+            initial_window: 65_535,
+            windows: HashMap::new(),
+            answers: HashMap::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Our SETTINGS acknowledged: the server's came before.
+        let mut acked = false;
+        while !acked {
+            let (kind, flags) = h2.handle(deadline).await.expect("the server's SETTINGS");
+            acked = kind == SETTINGS && flags & ACK != 0;
+        }
+        h2
+    }
+
+    /// Reads one frame and acts on it; its kind and flags, `None` at EOF or `deadline`.
+    async fn handle(&mut self, deadline: Instant) -> Option<(u8, u8)> {
+        let (kind, flags, stream, payload) = read_frame(&mut self.c, deadline).await?;
+        match kind {
+            SETTINGS if flags & ACK == 0 => {
+                for p in payload.chunks_exact(6) {
+                    if u16::from_be_bytes([p[0], p[1]]) == 0x4 {
+                        let new = i64::from(u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+                        for w in self.windows.values_mut() {
+                            *w += new - self.initial_window;
+                        }
+                        self.initial_window = new;
+                    }
+                }
+                self.c.write_all(&frame(SETTINGS, ACK, 0, &[])).await.ok()?;
+            }
+            PING if flags & ACK == 0 => {
+                self.c
+                    .write_all(&frame(PING, ACK, 0, &payload))
+                    .await
+                    .ok()?;
+            }
+            WINDOW_UPDATE => {
+                let n = i64::from(
+                    u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                        & 0x7fff_ffff,
+                );
+                if stream == 0 {
+                    self.conn_window += n;
+                } else if let Some(w) = self.windows.get_mut(&stream) {
+                    *w += n;
+                }
+            }
+            HEADERS => {
+                let answer = self.answers.entry(stream).or_default();
+                answer.ended |= flags & END_STREAM != 0;
+                self.decoder
+                    .decode(&payload, |n, v| {
+                        answer.fields.push((
+                            String::from_utf8_lossy(n).into_owned(),
+                            String::from_utf8_lossy(v).into_owned(),
+                        ));
+                    })
+                    .unwrap();
+            }
+            DATA => {
+                let answer = self.answers.entry(stream).or_default();
+                answer.data.extend(&payload);
+                answer.ended |= flags & END_STREAM != 0;
+            }
+            RST_STREAM => {
+                let answer = self.answers.entry(stream).or_default();
+                answer.reset = Some(u32::from_be_bytes([
+                    payload[0], payload[1], payload[2], payload[3],
+                ]));
+                answer.ended = true;
+            }
+            _ => {}
+        }
+        Some((kind, flags))
+    }
+
+    /// Whether the server has answered (or reset) `stream`.
+    fn answered(&self, stream: u32) -> bool {
+        self.answers
+            .get(&stream)
+            .is_some_and(|a| !a.fields.is_empty() || a.reset.is_some())
+    }
+
+    /// Whether the server has ended `stream` (its answer is whole).
+    fn finished(&self, stream: u32) -> bool {
+        self.answers.get(&stream).is_some_and(|a| a.ended)
+    }
+
+    /// Opens `stream` with the header block `block`.
+    async fn start(&mut self, stream: u32, block: &[u8], end: bool) {
+        let flags = END_HEADERS | if end { END_STREAM } else { 0 };
+        self.c
+            .write_all(&frame(HEADERS, flags, stream, block))
+            .await
+            .unwrap();
+        self.windows.insert(stream, self.initial_window);
+    }
+
+    /// Sends `body` on `stream` as flow control allows, without ending it; stops early
+    /// when the server answers the stream, or at `deadline`.
+    async fn send(&mut self, stream: u32, mut body: &[u8], deadline: Instant) {
+        while !body.is_empty() && !self.answered(stream) {
+            let window = self.conn_window.min(self.windows[&stream]);
+            let n = usize::try_from(window)
+                .unwrap_or(0)
+                .min(16_384)
+                .min(body.len());
+            if n == 0 {
+                if self.handle(deadline).await.is_none() {
+                    return;
+                }
+                continue;
+            }
+            self.c
+                .write_all(&frame(DATA, 0, stream, &body[..n]))
+                .await
+                .unwrap();
+            self.conn_window -= n as i64;
+            *self.windows.get_mut(&stream).unwrap() -= n as i64;
+            body = &body[n..];
+        }
+    }
+
+    /// Ends `stream` (an empty DATA frame with END_STREAM).
+    async fn end(&mut self, stream: u32) {
+        self.c
+            .write_all(&frame(DATA, END_STREAM, stream, &[]))
+            .await
+            .unwrap();
+    }
+
+    /// Handles frames until `done` says so (`true`), or `deadline` or EOF (`false`).
+    async fn wait(&mut self, deadline: Instant, done: impl Fn(&Self) -> bool) -> bool {
+        while !done(self) {
+            if self.handle(deadline).await.is_none() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
@@ -567,9 +939,16 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A client's end of a connection, in cleartext or TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// The next frame (kind, flags, stream, payload), or `None` at EOF, on an error or at
 /// `deadline`.
-async fn read_frame(c: &mut TcpStream, deadline: Instant) -> Option<(u8, u8, u32, Vec<u8>)> {
+async fn read_frame<C: tokio::io::AsyncRead + Unpin + ?Sized>(
+    c: &mut C,
+    deadline: Instant,
+) -> Option<(u8, u8, u32, Vec<u8>)> {
     let deadline = tokio::time::Instant::from_std(deadline);
     let mut head = [0u8; 9];
     tokio::time::timeout_at(deadline, c.read_exact(&mut head))

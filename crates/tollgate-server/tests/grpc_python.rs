@@ -35,7 +35,7 @@ fn python() -> PathBuf {
 }
 
 #[test]
-fn a_real_envoy_rls_client_gets_envoys_answers() {
+fn an_independent_grpc_client_grpcio_gets_envoys_rls_answers() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let python = python();
     let output = Command::new(&python)

@@ -1,8 +1,9 @@
-"""`tollgate serve` answering a real Envoy rate limit client we did not write.
+"""`tollgate serve` answering an independent gRPC client (grpcio) we did not write.
 
-The client is grpcio with the stubs the `xds-protos` package generates from Envoy's own
-protos (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), so this checks
-the wire format as Envoy sees it, not as our Rust types see it.
+The client is grpcio (not Envoy's own client) with the stubs the `xds-protos` package
+generates from Envoy's own protos
+(`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), so this checks the wire
+format as Envoy's protos define it, not as our Rust types see it.
 
 Run by `tests/grpc_python.rs` (`cargo test`), or directly:
 
