@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::scale_out::PerLimit;
+use super::per_limit::PerLimit;
 use super::LeaseToken;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;

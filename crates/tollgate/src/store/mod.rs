@@ -13,6 +13,8 @@ mod blocked;
 pub mod lease;
 mod memory;
 #[cfg(feature = "redis")]
+mod per_limit;
+#[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
 mod scale_out;
@@ -24,12 +26,14 @@ use std::future::Future;
 pub(crate) use memory::Fingerprint;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
+pub use per_limit::LimitStats;
+#[cfg(feature = "redis")]
 pub use redis::{
     script_library, script_source, Loaded, RedisStore, RedisStoreBuilder, RedisStoreStats,
     RedisTls, ScriptCall, ScriptNameError, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
 };
 #[cfg(feature = "redis")]
-pub use scale_out::{LimitStats, ScaleOut, ScaleOutStats, DEFAULT_MAX_KEYS};
+pub use scale_out::{ScaleOut, ScaleOutStats, DEFAULT_MAX_KEYS};
 
 use crate::algorithm::Limit;
 use crate::clock::Nanos;

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::lease::fingerprint;
-use super::scale_out::PerLimit;
+use super::per_limit::PerLimit;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;
 use crate::decision::Decision;
