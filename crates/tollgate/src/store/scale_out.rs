@@ -397,7 +397,14 @@ impl<S: Store> ScaleOut<S> {
             // that does not fit is asked again smaller, for half of what is left.
             for _ in 0..3 {
                 let ask = Check::new(c.limit, c.key, asked);
-                let (d, token) = self.inner.store.lease(now, ask, budget).await?;
+                // A lease of the request's cost alone is spent at once: nothing of it can
+                // go back, and the store may batch it with other requests (a lease that
+                // answers a token is a call of its own on Redis).
+                let (d, token) = if asked > c.cost {
+                    self.inner.store.lease(now, ask, budget).await?
+                } else {
+                    (self.inner_check(now, &[ask], budget).await?[0], None)
+                };
                 if d.allowed {
                     leases.taken(c.limit, c.key, asked, asked, &d, now, period, token);
                     call.answered = true;

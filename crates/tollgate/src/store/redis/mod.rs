@@ -103,7 +103,8 @@
 //! and every request on a single Redis, are decided exactly as before.
 //!
 //! ## Leases
-//! A lease of leased counting ([`Store::lease`]) is one check in a call of its own (not
+//! A lease of leased counting ([`Store::lease`]; `ScaleOut` asks for one only when it
+//! leases more than the request's cost) is one check in a call of its own (not
 //! batched), answering the same receipt a cluster's call does (for a lone check: the key
 //! before and after the charge). [`Store::give_back`] sends it back with the units to
 //! return (`lua/driver.lua`, `give_back_request`): a fixed window's count goes down by them
