@@ -303,6 +303,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let listeners = 2 + u64::from(admin_listener.is_some());
     let max_connections = workers::max_connections(args.common.max_connections, listeners);
     let timeouts = timeouts(&args.common);
+    let grpc_timers = grpc_timers(&args, timeouts);
     let http_limits = api_limits(timeouts);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
@@ -314,6 +315,7 @@ async fn run(args: ServeArgs) -> ExitCode {
                 http_tls: http_tls.clone(),
                 http_admin: http_admin.clone(),
                 timeouts,
+                grpc_timers,
                 http_limits: http_limits.clone(),
             };
             let (service, stop) = (Arc::clone(&service), stop.clone());
@@ -393,6 +395,8 @@ struct Listeners {
     http_admin: Option<api::AdminAccess>,
     /// The connection timeouts of both listeners.
     timeouts: Timeouts,
+    /// The gRPC listener's timers and keepalive.
+    grpc_timers: GrpcTimers,
     /// What the HTTP listener holds its connections and request bodies to.
     http_limits: HttpLimits,
 }
@@ -402,6 +406,39 @@ pub(crate) fn timeouts(args: &CommonArgs) -> Timeouts {
     Timeouts {
         header_read: args.header_read_timeout,
         idle: args.idle_timeout,
+    }
+}
+
+/// The gRPC listener's timers, as the flags set them for each transport.
+#[derive(Debug, Clone, Copy)]
+struct GrpcTimers {
+    /// The native transport's: `--header-read-timeout` for the preface,
+    /// `--grpc-idle-timeout`, `--grpc-keepalive-interval` and `--grpc-keepalive-timeout`.
+    native: grpc::native::Timers,
+    /// tonic's keepalive PING interval: `--grpc-keepalive-interval`, at most half the
+    /// idle timeout (tonic's connections are closed when silent for that long), or by
+    /// default [`workers::grpc_keepalive`]'s.
+    tonic_keepalive_interval: Duration,
+    /// How long a keepalive PING may go unanswered, on both transports
+    /// (`--grpc-keepalive-timeout`).
+    keepalive_timeout: Duration,
+}
+
+/// The gRPC listener's timers the flags set.
+fn grpc_timers(args: &ServeArgs, timeouts: Timeouts) -> GrpcTimers {
+    let interval = args.grpc_keepalive_interval;
+    GrpcTimers {
+        native: grpc::native::Timers {
+            preface: timeouts.header_read,
+            idle: args.grpc_idle_timeout,
+            keepalive_interval: interval.unwrap_or(grpc::native::KEEPALIVE_INTERVAL),
+            keepalive_timeout: args.grpc_keepalive_timeout,
+        },
+        tonic_keepalive_interval: interval.map_or_else(
+            || workers::grpc_keepalive(timeouts.idle),
+            |i| i.min(timeouts.idle / 2),
+        ),
+        keepalive_timeout: args.grpc_keepalive_timeout,
     }
 }
 
@@ -436,11 +473,12 @@ async fn serve_worker(
     );
     match listeners.transport {
         GrpcTransport::Native => {
-            tokio::join!(serve_native(grpc, service, stop), http);
+            let settings = grpc::native::settings_with(listeners.grpc_timers.native);
+            tokio::join!(serve_native(grpc, service, stop, settings), http);
             Ok(())
         }
         GrpcTransport::Tonic => {
-            let mut server = tonic_server(&listeners.timeouts);
+            let mut server = tonic_server(&listeners.timeouts, &listeners.grpc_timers);
             if let Some(tls) = listeners.grpc_tls {
                 // Checked at start-up (grpc::tls::server_config).
                 server = server
@@ -507,10 +545,9 @@ pub(crate) fn serve_admin(
 /// tonic's server with the native transport's limits (`tollgate_h2::ServerSettings`:
 /// streams per connection, header list, connection window; the protocol's default
 /// stream window and frame size, which the native transport keeps), keepalive PINGs
-/// ([`workers::grpc_keepalive`]), and each call bounded by the idle timeout (a call
-/// whose message stalls is cancelled; `Watch` streams are not cut, their call is
-/// answered at once).
-fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
+/// ([`GrpcTimers`]), and each call bounded by the idle timeout (a call whose message
+/// stalls is cancelled; `Watch` streams are not cut, their call is answered at once).
+fn tonic_server(timeouts: &Timeouts, timers: &GrpcTimers) -> tonic::transport::Server {
     let native = grpc::native::settings();
     tonic::transport::Server::builder()
         .max_concurrent_streams(native.max_concurrent_streams)
@@ -519,8 +556,8 @@ fn tonic_server(timeouts: &Timeouts) -> tonic::transport::Server {
         .initial_stream_window_size(GRPC_STREAM_WINDOW)
         .max_frame_size(GRPC_MAX_FRAME_SIZE)
         .http2_max_pending_accept_reset_streams(Some(GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS))
-        .http2_keepalive_interval(Some(workers::grpc_keepalive(timeouts.idle)))
-        .http2_keepalive_timeout(Some(workers::HTTP2_KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(Some(timers.tonic_keepalive_interval))
+        .http2_keepalive_timeout(Some(timers.keepalive_timeout))
         .timeout(timeouts.idle)
         // The acceptor sets TCP_NODELAY on every connection (this applies to tonic's
         // own listener only); said anyway.
@@ -536,14 +573,16 @@ const GRPC_MAX_FRAME_SIZE: u32 = 16_384;
 /// the "rapid reset" attack).
 const GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 
-/// The native gRPC transport on a worker's connections: `grpc::native::serve` for
-/// each connection alone, so that the connection's slot under the listener's cap is
-/// held until it ends (`serve` returns once its one connection has closed). Returns
-/// when the acceptor has stopped and every connection has ended.
+/// The native gRPC transport on a worker's connections, each held to `settings`:
+/// `grpc::native::serve` for each connection alone, so that the connection's slot
+/// under the listener's cap is held until it ends (`serve` returns once its one
+/// connection has closed). Returns when the acceptor has stopped and every connection
+/// has ended.
 async fn serve_native(
     mut connections: mpsc::UnboundedReceiver<workers::Connection>,
     service: Arc<Service>,
     stop: watch::Receiver<bool>,
+    settings: tollgate_h2::ServerSettings,
 ) {
     // Each connection's task holds a sender; `recv` answers `None` once all have ended.
     let (running, mut all_ended) = mpsc::channel::<()>(1);
@@ -566,7 +605,7 @@ async fn serve_native(
             (connection.slot, running.clone()),
         );
         tokio::spawn(async move {
-            grpc::native::serve(rx, service, stop).await;
+            grpc::native::serve(rx, service, stop, settings).await;
             drop(held);
         });
     }
