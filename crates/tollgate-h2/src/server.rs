@@ -17,7 +17,12 @@
 //! whatever its length; a WINDOW_UPDATE visits only answers it can move; SETTINGS,
 //! PING, empty DATA and CONTINUATION frames, and streams the client resets before
 //! their call was handed out (CVE-2023-44487), each draw on a token bucket per
-//! connection, past which the connection ends with GOAWAY `ENHANCE_YOUR_CALM`.
+//! connection, past which the connection ends with GOAWAY `ENHANCE_YOUR_CALM`. Calls
+//! in flight are bounded too: a call handed out keeps its stream's place among the
+//! `max_concurrent_streams` until it is answered, even when the client resets the
+//! stream meanwhile (a reset after hand-off is not premature: Envoy resets a call on
+//! its timeout), so resetting calls cannot make the application hold more of them
+//! (CVE-2023-44487 again); new streams past the limit are refused (`REFUSED_STREAM`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,7 +48,10 @@ pub struct Budget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerSettings {
     /// Streams open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`); more are refused with
-    /// `REFUSED_STREAM`, which gRPC clients retry.
+    /// `REFUSED_STREAM`, which gRPC clients retry. A call handed out counts until it is
+    /// answered ([`ServerConn::respond`]), even when its stream is reset meanwhile, so
+    /// that the calls a connection has in flight stay within this limit whatever the
+    /// client resets.
     pub max_concurrent_streams: u32,
     /// Streams whose request has not ended (no END_STREAM yet) at once; more are refused
     /// with `REFUSED_STREAM`. As many as `max_concurrent_streams` by default: nghttp2
@@ -248,8 +256,14 @@ struct Stream {
     content_length: Option<u64>,
     /// DATA bytes received (without padding).
     received: u64,
-    /// The [`ServerConn::receives`] count of the `receive` that handed the call out.
+    /// The [`ServerConn::receives`] count of the `receive` that handed the call out (0:
+    /// not handed out).
     handed_out: u64,
+    /// The stream was reset (by the client, or by us for an error) after its call was
+    /// handed out and before it was answered: closed for the protocol, but kept (and
+    /// counted against `max_concurrent_streams`) until [`ServerConn::respond`] drops
+    /// the answer.
+    reset: bool,
     send_window: i64,
     pending: Option<Pending>,
     /// Whether the stream is in [`ServerConn::blocked`].
@@ -637,11 +651,17 @@ impl ServerConn {
         }
     }
 
-    /// Answers the call on `stream` with a message or a status. A stream the peer has
-    /// reset meanwhile is ignored.
+    /// Answers the call on `stream` with a message or a status. The answer to a stream
+    /// reset meanwhile is dropped, and the stream's place among the
+    /// `max_concurrent_streams` freed.
     pub fn respond(&mut self, stream: u32, reply: Result<&[u8], &Status>) {
-        if !self.streams.contains_key(&stream) {
-            return;
+        match self.streams.get(&stream) {
+            None => return,
+            Some(s) if s.reset => {
+                self.remove(stream);
+                return;
+            }
+            Some(_) => {}
         }
         match reply {
             Ok(message) => {
@@ -795,7 +815,7 @@ impl ServerConn {
             self.peer_initial_window = value;
             if delta != 0 {
                 let mut overflow = false;
-                for (&id, s) in self.streams.iter_mut() {
+                for (&id, s) in self.streams.iter_mut().filter(|(_, s)| !s.reset) {
                     s.send_window += delta;
                     overflow |= s.send_window > frame::MAX_WINDOW;
                     if s.pending.is_some() && !s.queued && s.send_window > 0 {
@@ -830,7 +850,7 @@ impl ServerConn {
             if self.send_window > frame::MAX_WINDOW {
                 return Err(self.fail(ErrorCode::FlowControl, "connection window overflow"));
             }
-        } else if let Some(s) = self.streams.get_mut(&f.stream) {
+        } else if let Some(s) = self.streams.get_mut(&f.stream).filter(|s| !s.reset) {
             s.send_window += inc;
             if inc == 0 || s.send_window > frame::MAX_WINDOW {
                 let code = if inc == 0 {
@@ -857,19 +877,17 @@ impl ServerConn {
         if f.stream > self.last_stream {
             return Err(self.fail(ErrorCode::Protocol, "RST_STREAM on an idle stream"));
         }
-        let Some(s) = self.streams.get(&f.stream) else {
-            // Closed already (answered, or refused): nothing to do.
+        let Some(s) = self.streams.get(&f.stream).filter(|s| !s.reset) else {
+            // Closed already (answered, refused, or reset): nothing to do.
             return Ok(());
         };
         // Reset before its call was handed out (the request unfinished), or handed out
-        // by this very read (so dropped from it): work done for nothing.
+        // by this very read (so dropped from it, by `forget`): work done for nothing. A
+        // call handed out before is kept until answered (`forget`).
         let this_read = s.handed_out == self.receives;
-        if !s.recv_closed || this_read {
-            self.dropped_calls |= this_read;
-            if !self.premature_resets.take(self.now) {
-                self.forget(f.stream);
-                return Err(self.fail(ErrorCode::EnhanceYourCalm, "too many streams reset"));
-            }
+        if (!s.recv_closed || this_read) && !self.premature_resets.take(self.now) {
+            self.forget(f.stream);
+            return Err(self.fail(ErrorCode::EnhanceYourCalm, "too many streams reset"));
         }
         self.forget(f.stream);
         Ok(())
@@ -898,7 +916,7 @@ impl ServerConn {
             self.control_frame("empty DATA")?;
         }
         let max_message = self.settings.max_message + grpc::PREFIX_LEN;
-        let Some(s) = self.streams.get_mut(&f.stream) else {
+        let Some(s) = self.streams.get_mut(&f.stream).filter(|s| !s.reset) else {
             // Closed (answered or reset): ignored, as RFC 9113 §5.1 allows after a reset.
             return Ok(());
         };
@@ -1022,7 +1040,7 @@ impl ServerConn {
                 return Err(self.fail(ErrorCode::Compression, "cannot decode the header block"))
             }
         };
-        if let Some(s) = self.streams.get_mut(&stream) {
+        if let Some(s) = self.streams.get_mut(&stream).filter(|s| !s.reset) {
             // Trailers from the client: they must end the stream, and hold no
             // pseudo-header (RFC 9113 §8.1).
             if s.recv_closed {
@@ -1095,6 +1113,7 @@ impl ServerConn {
                 content_length,
                 received: 0,
                 handed_out: 0,
+                reset: false,
                 send_window: self.peer_initial_window,
                 pending: None,
                 queued: false,
@@ -1200,7 +1219,25 @@ impl ServerConn {
         self.forget(stream);
     }
 
+    /// Closes `stream` without an answer. A call handed out by an earlier `receive` and
+    /// not answered yet keeps its place until [`respond`](Self::respond) (the
+    /// application holds it: the client cannot make it hold more calls than
+    /// `max_concurrent_streams` by resetting them); one handed out by this `receive` is
+    /// dropped from its calls.
     fn forget(&mut self, stream: u32) {
+        let receives = self.receives;
+        if let Some(s) = self.streams.get_mut(&stream) {
+            if s.reset {
+                return;
+            }
+            if s.handed_out != 0 && s.pending.is_none() {
+                if s.handed_out != receives {
+                    s.reset = true;
+                    return;
+                }
+                self.dropped_calls = true;
+            }
+        }
         self.remove(stream);
     }
 

@@ -308,6 +308,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let listeners = 2 + u64::from(admin_listener.is_some());
     let max_connections = workers::max_connections(args.common.max_connections, listeners);
     let timeouts = timeouts(&args.common);
+    let grpc_timers = grpc_timers(&args, timeouts);
     let http_limits = api_limits(timeouts);
     let (warmed_tx, warmed_rx) = mpsc::unbounded_channel();
     let Some(done) = workers::spawn("tollgate-serve", inputs, {
@@ -319,6 +320,7 @@ async fn run(args: ServeArgs) -> ExitCode {
                 http_tls: http_tls.clone(),
                 http_admin: http_admin.clone(),
                 timeouts,
+                grpc_timers,
                 http_limits: http_limits.clone(),
             };
             let (service, stop) = (Arc::clone(&service), stop.clone());
@@ -398,6 +400,8 @@ struct Listeners {
     http_admin: Option<api::AdminAccess>,
     /// The connection timeouts of both listeners.
     timeouts: Timeouts,
+    /// The gRPC listener's timers and keepalive.
+    grpc_timers: GrpcTimers,
     /// What the HTTP listener holds its connections and request bodies to.
     http_limits: HttpLimits,
 }
@@ -407,6 +411,39 @@ pub(crate) fn timeouts(args: &CommonArgs) -> Timeouts {
     Timeouts {
         header_read: args.header_read_timeout,
         idle: args.idle_timeout,
+    }
+}
+
+/// The gRPC listener's timers, as the flags set them for each transport.
+#[derive(Debug, Clone, Copy)]
+struct GrpcTimers {
+    /// The native transport's: `--header-read-timeout` for the preface,
+    /// `--grpc-idle-timeout`, `--grpc-keepalive-interval` and `--grpc-keepalive-timeout`.
+    native: grpc::native::Timers,
+    /// tonic's keepalive PING interval: `--grpc-keepalive-interval`, at most half the
+    /// idle timeout (tonic's connections are closed when silent for that long), or by
+    /// default [`workers::grpc_keepalive`]'s.
+    tonic_keepalive_interval: Duration,
+    /// How long a keepalive PING may go unanswered, on both transports
+    /// (`--grpc-keepalive-timeout`).
+    keepalive_timeout: Duration,
+}
+
+/// The gRPC listener's timers the flags set.
+fn grpc_timers(args: &ServeArgs, timeouts: Timeouts) -> GrpcTimers {
+    let interval = args.grpc_keepalive_interval;
+    GrpcTimers {
+        native: grpc::native::Timers {
+            preface: timeouts.header_read,
+            idle: args.grpc_idle_timeout,
+            keepalive_interval: interval.unwrap_or(grpc::native::KEEPALIVE_INTERVAL),
+            keepalive_timeout: args.grpc_keepalive_timeout,
+        },
+        tonic_keepalive_interval: interval.map_or_else(
+            || workers::grpc_keepalive(timeouts.idle),
+            |i| i.min(timeouts.idle / 2),
+        ),
+        keepalive_timeout: args.grpc_keepalive_timeout,
     }
 }
 
@@ -443,11 +480,12 @@ async fn serve_worker(
     );
     match listeners.transport {
         GrpcTransport::Native => {
-            tokio::join!(serve_native(grpc, service, stop), http);
+            let settings = grpc::native::settings_with(listeners.grpc_timers.native);
+            tokio::join!(serve_native(grpc, service, stop, settings), http);
             Ok(())
         }
         GrpcTransport::Tonic => {
-            let mut server = tonic_server(&listeners.timeouts);
+            let mut server = tonic_server(&listeners.timeouts, &listeners.grpc_timers);
             if let Some(tls) = listeners.grpc_tls {
                 // Checked at start-up (grpc::tls::server_config).
                 server = server
@@ -522,10 +560,10 @@ type TonicServer = tonic::transport::Server<
 /// stream window and frame size, which the native transport keeps; the bytes of
 /// unfinished request messages per connection and in all, through
 /// [`conn::grpc_bodies`]), a bound on the streams it resets for the client's protocol
-/// errors, keepalive PINGs ([`workers::grpc_keepalive`]), and each call bounded by
-/// the idle timeout (a call whose message stalls is cancelled; `Watch` streams are not
-/// cut, their call is answered at once).
-fn tonic_server(timeouts: &Timeouts) -> TonicServer {
+/// errors, keepalive PINGs ([`GrpcTimers`]), and each call bounded by the idle timeout
+/// (a call whose message stalls is cancelled; `Watch` streams are not cut, their call
+/// is answered at once).
+fn tonic_server(timeouts: &Timeouts, timers: &GrpcTimers) -> TonicServer {
     let native = grpc::native::settings();
     tonic::transport::Server::builder()
         .max_concurrent_streams(native.max_concurrent_streams)
@@ -535,8 +573,8 @@ fn tonic_server(timeouts: &Timeouts) -> TonicServer {
         .max_frame_size(GRPC_MAX_FRAME_SIZE)
         .http2_max_pending_accept_reset_streams(Some(GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS))
         .http2_max_local_error_reset_streams(Some(GRPC_MAX_LOCAL_ERROR_RESET_STREAMS))
-        .http2_keepalive_interval(Some(workers::grpc_keepalive(timeouts.idle)))
-        .http2_keepalive_timeout(Some(workers::HTTP2_KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(Some(timers.tonic_keepalive_interval))
+        .http2_keepalive_timeout(Some(timers.keepalive_timeout))
         .timeout(timeouts.idle)
         // The acceptor sets TCP_NODELAY on every connection (this applies to tonic's
         // own listener only); said anyway.
@@ -557,14 +595,16 @@ const GRPC_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// unless it is set (a client could otherwise make it reset streams without end).
 const GRPC_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
-/// The native gRPC transport on a worker's connections: `grpc::native::serve` for
-/// each connection alone, so that the connection's slot under the listener's cap is
-/// held until it ends (`serve` returns once its one connection has closed). Returns
-/// when the acceptor has stopped and every connection has ended.
+/// The native gRPC transport on a worker's connections, each held to `settings`:
+/// `grpc::native::serve` for each connection alone, so that the connection's slot
+/// under the listener's cap is held until it ends (`serve` returns once its one
+/// connection has closed). Returns when the acceptor has stopped and every connection
+/// has ended.
 async fn serve_native(
     mut connections: mpsc::UnboundedReceiver<workers::Connection>,
     service: Arc<Service>,
     stop: watch::Receiver<bool>,
+    settings: tollgate_h2::ServerSettings,
 ) {
     // Each connection's task holds a sender; `recv` answers `None` once all have ended.
     let (running, mut all_ended) = mpsc::channel::<()>(1);
@@ -587,7 +627,7 @@ async fn serve_native(
             (connection.slot, running.clone()),
         );
         tokio::spawn(async move {
-            grpc::native::serve(rx, service, stop).await;
+            grpc::native::serve(rx, service, stop, settings).await;
             drop(held);
         });
     }

@@ -107,6 +107,21 @@ pub struct ServeArgs {
     /// TLS on the gRPC listener.
     #[command(flatten)]
     pub grpc_tls: GrpcTlsArgs,
+    /// The native gRPC transport closes a connection with no call open for this long,
+    /// gracefully (GOAWAY, a PING round trip, the final GOAWAY): Envoy keeps its rate
+    /// limit connection open between calls and opens a new one for its next call. (The
+    /// tonic transport closes a connection silent for --idle-timeout instead.)
+    #[arg(long, env = "TOLLGATE_GRPC_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_timeout)]
+    pub grpc_idle_timeout: Duration,
+    /// The gRPC listener PINGs a client that has sent nothing for this long. Default:
+    /// 60s on the native transport; on tonic 30s, or half --idle-timeout if shorter.
+    /// tonic takes at most half --idle-timeout (it closes a connection silent that long).
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_INTERVAL", value_parser = parse_timeout)]
+    pub grpc_keepalive_interval: Option<Duration>,
+    /// How long a gRPC keepalive PING may go unanswered before the connection is closed
+    /// (both transports).
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = parse_timeout)]
+    pub grpc_keepalive_timeout: Duration,
     /// Address for the HTTP API (`/json`, `/v1/check`) and admin endpoints.
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
     pub http_listen: SocketAddr,

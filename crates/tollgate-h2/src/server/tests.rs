@@ -858,6 +858,84 @@ fn calls_reset_in_the_same_read_are_dropped_and_a_reset_flood_ends_the_connectio
 }
 
 #[test]
+fn calls_reset_after_hand_off_keep_their_place_until_answered() {
+    // Calls handed out and not answered (waiting for Redis, say), then reset by the
+    // client in a later read: each still holds its place among the concurrent streams,
+    // so more calls than the limit are never in flight, whatever the client resets.
+    const LIMIT: u32 = 4;
+    let settings = ServerSettings {
+        max_concurrent_streams: LIMIT,
+        ..ServerSettings::default()
+    };
+    let block = grpc_block(METHODS[0].as_bytes(), &[]);
+    let mut server = ServerConn::new(settings, METHODS);
+    let mut next = 1;
+    let mut in_flight: Vec<Call> = Vec::new();
+    let mut input = raw_start();
+    for round in 0..5 {
+        // LIMIT new calls, after resetting every stream opened so far (the calls of the
+        // last round by RST_STREAM, half of them by a DATA frame after END_STREAM,
+        // which the server resets itself).
+        for i in (1..next).step_by(2) {
+            if i % 4 == 1 {
+                frame::put_data(&mut input, i, b"x", 16_384, true);
+            } else {
+                frame::put_rst_stream(&mut input, i, ErrorCode::Cancel);
+            }
+        }
+        let first = next;
+        for _ in 0..LIMIT {
+            put_call(&mut input, next, &block, b"q");
+            next += 2;
+        }
+        let mut calls = Vec::new();
+        server
+            .receive(&std::mem::take(&mut input), &mut calls)
+            .expect("accepts");
+        let out = std::mem::take(server.output());
+        if round == 0 {
+            assert_eq!(calls.len(), LIMIT as usize);
+        } else {
+            assert!(
+                calls.is_empty(),
+                "round {round}: {} more calls",
+                calls.len()
+            );
+            let refused: Vec<u32> = resets(&out)
+                .into_iter()
+                .filter(|&(_, code)| code == ErrorCode::RefusedStream as u32)
+                .map(|(stream, _)| stream)
+                .collect();
+            assert_eq!(refused, (first..next).step_by(2).collect::<Vec<_>>());
+        }
+        in_flight.extend(calls);
+        assert_eq!(server.in_flight(), LIMIT as usize);
+    }
+    assert_eq!(in_flight.len(), LIMIT as usize);
+    // Answered, the reset calls' answers are dropped and their places freed.
+    for call in &in_flight {
+        server.respond(call.stream, Ok(b"late"));
+    }
+    assert!(
+        frames(server.output()).iter().all(|f| f.0 != kind::HEADERS),
+        "an answer on a reset stream"
+    );
+    assert_eq!(server.in_flight(), 0);
+    let mut input = Vec::new();
+    put_call(&mut input, next, &block, b"q");
+    let mut calls = Vec::new();
+    server.receive(&input, &mut calls).expect("accepts");
+    assert_eq!(calls.len(), 1, "a new call once the others are answered");
+    // A reset after hand-off is not premature (Envoy resets calls on its timeout):
+    // these did not end the connection, and a call answered normally still is.
+    server.respond(next, Ok(b"a"));
+    assert!(frames(server.output())
+        .iter()
+        .any(|f| f.0 == kind::HEADERS && f.2 == next));
+    assert_eq!(server.in_flight(), 0);
+}
+
+#[test]
 fn headers_on_a_lower_stream_never_opened_are_a_connection_error() {
     let mut server = ServerConn::new(ServerSettings::default(), METHODS);
     let mut input = raw_start();

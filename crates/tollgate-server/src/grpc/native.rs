@@ -11,14 +11,21 @@
 //! both: docs/benchmarks.md, The service).
 //!
 //! The connection's limits are [`settings`]'s (tollgate-h2's [`ServerSettings`] with the
-//! defaults below), and all connections share [`MAX_UNFINISHED_STREAMS_TOTAL`] and
-//! [`MAX_BUFFERED_TOTAL`], so that many connections cannot together hold what each
-//! may alone: a connection with no call open for [`IDLE_TIMEOUT`] is closed
-//! gracefully, a silent one is pinged every [`KEEPALIVE_INTERVAL`] and closed when the
-//! PING is not answered within [`KEEPALIVE_TIMEOUT`], and one that has not sent the
-//! HTTP/2 preface within [`PREFACE_TIMEOUT`] is closed. The timers are one `Sleep` per
-//! connection, moved only when a deadline comes earlier (a later one is found when it
-//! fires), so the loop's fast path does not touch the timer wheel.
+//! defaults below, and the timers of `serve`'s flags: [`Timers`]), and all connections
+//! share [`MAX_UNFINISHED_STREAMS_TOTAL`] and [`MAX_BUFFERED_TOTAL`], so that many
+//! connections cannot together hold what each may alone: a connection with no call
+//! open for `--grpc-idle-timeout` ([`IDLE_TIMEOUT`]) is closed gracefully, a silent one
+//! is pinged after `--grpc-keepalive-interval` ([`KEEPALIVE_INTERVAL`]) and closed when
+//! the PING is not answered within `--grpc-keepalive-timeout` ([`KEEPALIVE_TIMEOUT`]),
+//! and one that has not sent the HTTP/2 preface within `--header-read-timeout`
+//! ([`PREFACE_TIMEOUT`]) is closed. The timers are one `Sleep` per connection, moved
+//! only when a deadline comes earlier (a later one is found when it fires), so the
+//! loop's fast path does not touch the timer wheel.
+//!
+//! The calls a connection has in flight (`pending`, decided or waiting for Redis) are at
+//! most [`MAX_CONCURRENT_STREAMS`], whatever the client resets: a call handed out keeps
+//! its stream's place in `tollgate-h2` until it is answered (`respond`, which drops the
+//! answer to a reset stream), and streams past the limit are refused (`REFUSED_STREAM`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -59,17 +66,21 @@ const LAST_WRITE: Duration = Duration::from_secs(5);
 const KEEP_OUTPUT: usize = 64 << 10;
 
 /// A connection with no call open for this long is closed (GOAWAY, a PING round trip,
-/// the final GOAWAY): Envoy opens a new one for its next call.
+/// the final GOAWAY): Envoy opens a new one for its next call. The default of
+/// `--grpc-idle-timeout`.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A PING is sent after this long without a byte from the client (Envoy's gRPC client,
-/// like every HTTP/2 client, answers it).
+/// like every HTTP/2 client, answers it). The default of `--grpc-keepalive-interval`.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long that PING may go unanswered before the connection is closed (gRPC's
-/// default keepalive timeout).
+/// default keepalive timeout). The default of `--grpc-keepalive-timeout`.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a new connection has to send the HTTP/2 preface and its SETTINGS.
+/// How long a new connection has to send the HTTP/2 preface and its SETTINGS. The
+/// default of `--header-read-timeout`.
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Streams open at once on a connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+/// Streams open at once on a connection (`SETTINGS_MAX_CONCURRENT_STREAMS`), counting
+/// each call handed out until it is answered, even when the client has reset it: the
+/// calls in flight on a connection are at most this many.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// Request bytes of unfinished calls held per connection: one message of the largest
 /// size (4 MiB, gRPC's default) and room for others.
@@ -105,27 +116,62 @@ fn shared_limits() -> Arc<SharedLimits> {
     )
 }
 
-/// The limits of each native gRPC connection.
+/// The timers of a native gRPC connection, which `serve`'s flags set (the defaults:
+/// the constants above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    /// How long a new connection has to send the HTTP/2 preface and its SETTINGS
+    /// (`--header-read-timeout`).
+    pub preface: Duration,
+    /// A connection with no call open for this long is closed gracefully
+    /// (`--grpc-idle-timeout`).
+    pub idle: Duration,
+    /// A PING after this long without a byte from the client
+    /// (`--grpc-keepalive-interval`).
+    pub keepalive_interval: Duration,
+    /// How long that PING may go unanswered (`--grpc-keepalive-timeout`).
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            preface: PREFACE_TIMEOUT,
+            idle: IDLE_TIMEOUT,
+            keepalive_interval: KEEPALIVE_INTERVAL,
+            keepalive_timeout: KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+/// The limits of each native gRPC connection, with the default [`Timers`].
 pub fn settings() -> ServerSettings {
+    settings_with(Timers::default())
+}
+
+/// The limits of each native gRPC connection, with `timers`.
+pub fn settings_with(timers: Timers) -> ServerSettings {
     ServerSettings {
         max_concurrent_streams: MAX_CONCURRENT_STREAMS,
         max_buffered: MAX_BUFFERED,
-        preface_timeout: PREFACE_TIMEOUT,
-        idle_timeout: Some(IDLE_TIMEOUT),
-        keepalive_interval: Some(KEEPALIVE_INTERVAL),
-        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        preface_timeout: timers.preface,
+        idle_timeout: Some(timers.idle),
+        keepalive_interval: Some(timers.keepalive_interval),
+        keepalive_timeout: timers.keepalive_timeout,
         control_frames: CONTROL_FRAMES,
         premature_resets: PREMATURE_RESETS,
         ..ServerSettings::default()
     }
 }
 
-/// Serves the gRPC connections a worker is handed until `stop`; then each connection
-/// sends GOAWAY, answers the calls it has and closes, and this returns when all have.
+/// Serves the gRPC connections a worker is handed, each held to `settings` (see
+/// [`settings_with`]), until `stop`; then each connection sends GOAWAY, answers the
+/// calls it has and closes, and this returns when all have.
 pub async fn serve(
     mut connections: mpsc::UnboundedReceiver<Accepted>,
     service: Arc<Service>,
     stop: watch::Receiver<bool>,
+    settings: ServerSettings,
 ) {
     let mut tasks = JoinSet::new();
     let stopping = stopped(stop.clone());
@@ -135,7 +181,13 @@ pub async fn serve(
             next = connections.recv() => match next {
                 Some((stream, peer)) => match TcpStream::from_std(stream) {
                     Ok(stream) => {
-                        tasks.spawn(connection(stream, peer, Arc::clone(&service), stop.clone()));
+                        tasks.spawn(connection(
+                            stream,
+                            peer,
+                            Arc::clone(&service),
+                            stop.clone(),
+                            settings,
+                        ));
                     }
                     Err(e) => debug!(%peer, "cannot serve a connection: {e}"),
                 },
@@ -155,9 +207,10 @@ async fn connection(
     peer: SocketAddr,
     service: Arc<Service>,
     stop: watch::Receiver<bool>,
+    settings: ServerSettings,
 ) {
     let (mut rd, mut wr) = socket.split();
-    let mut conn = ServerConn::with_shared(settings(), METHODS, shared_limits());
+    let mut conn = ServerConn::with_shared(settings, METHODS, shared_limits());
     let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::new();
     let mut calls: Vec<Call> = Vec::new();
