@@ -346,6 +346,46 @@ mod errors {
     }
 
     #[test]
+    fn compact_and_mixed_nesting_is_caught_before_parsing() {
+        // Collections opened inside one line (`- `, `? ` complex keys, `: ` their
+        // values), and block nesting continued in flow style: each counts, so each of
+        // these is an error with its place, on a 2 MiB stack, and not an overflow.
+        let block = (0..150)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect::<String>();
+        let files = [
+            format!("domain: d\ndescriptors:\n{}x\n", "? ".repeat(20_000)),
+            format!("domain: d\ndescriptors:\n{}x\n", "- ? ".repeat(10_000)),
+            format!("domain: d\n? x\n: {}x\n", "- ".repeat(20_000)),
+            format!(
+                "domain: d\ndescriptors:\n{}{}\n",
+                "- ".repeat(150),
+                "[".repeat(20_000)
+            ),
+            format!(
+                "domain: d\nx:\n{block}{}y: {}\n",
+                " ".repeat(150),
+                "{a: [".repeat(10_000)
+            ),
+        ];
+        let found = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || files.map(|text| errors(&text)))
+            .unwrap()
+            .join()
+            .unwrap();
+        let line = |e: &[String]| e.first().map(|e| e.split(':').next().unwrap().to_string());
+        for (i, (e, at)) in found.iter().zip(["3", "3", "3", "3", "153"]).enumerate() {
+            assert_eq!(e.len(), 1, "file {i}: {e:?}");
+            assert!(
+                e[0].ends_with("the YAML nests more than 232 levels deep (the rule files' limit)"),
+                "file {i}: {e:?}"
+            );
+            assert_eq!(line(e).as_deref(), Some(at), "file {i}: {e:?}");
+        }
+    }
+
+    #[test]
     fn a_lockout_is_at_most_a_year() {
         let rule = |block: &str| {
             format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1, block_duration: {block}}}\n")
