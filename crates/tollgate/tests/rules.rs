@@ -391,10 +391,13 @@ mod errors {
             format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1, block_duration: {block}}}\n")
         };
         assert!(super::from_str("f.yaml", &rule("365d")).is_ok());
-        assert_eq!(
-            errors(&rule("99999999999d")),
-            ["4:70: `block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)"]
-        );
+        for longer in ["366d", "8785h", "99999999999d"] {
+            assert_eq!(
+                errors(&rule(longer)),
+                ["4:70: `block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)"],
+                "{longer}"
+            );
+        }
     }
 
     /// A queue at 1 a year holding 4,294,967,295 requests put instants past what the
@@ -640,6 +643,35 @@ mod null_values {
 
 mod extensions {
     use super::*;
+
+    #[test]
+    fn a_years_lockout_answers_with_a_numeric_retry_after_of_a_year() {
+        let (l, clock) = limiter("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, block_duration: 365d}\n");
+        assert_eq!(
+            l.check_now(&req("d", &[("k", "v")])).unwrap().overall,
+            Code::Ok
+        );
+        let year = 365 * 86_400;
+        for (after, left) in [(0, year), (86_400, year - 86_400)] {
+            clock.advance(Duration::from_secs(after));
+            let r = l.check_now(&req("d", &[("k", "v")])).unwrap();
+            assert_eq!(r.overall, Code::OverLimit);
+            let fields =
+                tollgate::headers::headers(&r, tollgate::headers::HeaderSettings::default());
+            let retry = fields
+                .iter()
+                .find(|(name, _)| *name == "Retry-After")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no Retry-After: {fields:?}"));
+            let secs: u64 = retry
+                .parse()
+                .unwrap_or_else(|_| panic!("Retry-After {retry:?}"));
+            assert!(
+                (left - 1..=left + 1).contains(&secs),
+                "{secs} s, not about {left}"
+            );
+        }
+    }
 
     #[test]
     fn charge_rejected_is_inherited_until_a_descriptor_sets_its_own() {
