@@ -18,6 +18,11 @@ use proptest::prelude::*;
 
 mod hostile;
 
+/// `tollgate validate` itself: its source, compiled into this test, so that whatever it
+/// does beyond the one load (a second parse of the `http` sections, say) is measured.
+#[path = "../src/validate.rs"]
+mod validate;
+
 /// What one run of a parser cost, on this thread.
 #[derive(Debug, Clone, Copy)]
 struct Work {
@@ -144,6 +149,13 @@ const RULES: Bound = Bound {
     slack_allocs: 1024,
 };
 
+/// `validate`: the reader's work, and the report: every error once more as text, to
+/// sort and print (and the test harness keeps what is printed).
+const VALIDATE: Bound = Bound {
+    bytes_per_byte: 512,
+    ..RULES
+};
+
 /// `HeaderMap` holds the values (the input again, one allocation per line: most of
 /// the figure is the map the test builds) and the hops parsed from them.
 const CLIENT_IP: Bound = Bound {
@@ -187,6 +199,58 @@ fn the_rule_file_reader_works_in_proportion_to_the_file() {
             case.target.run(input)
         });
     }
+}
+
+/// A gateway section, in flow style as the rest, to put in front of `descriptors`.
+const HTTP_SECTION: &str = "http: {routes: [{match: {path_prefix: /api/}, rate_limits: [{actions: [{remote_address: {}}]}]}]}\n";
+
+/// The flow-style rule trees of the reader's case, with an `http` section.
+fn flow_trees_with_http(n: usize) -> Vec<u8> {
+    let text = String::from_utf8_lossy(&hostile::flow_trees(n)).into_owned();
+    text.replacen("descriptors:", &format!("{HTTP_SECTION}descriptors:"), 1)
+        .into_bytes()
+}
+
+/// One flow-style line of descriptors, every one of them wrong, after an `http`
+/// section: each error is placed on that line (placing each by going over the line
+/// again made `validate` take 18 s on 100 KB).
+fn flow_errors_with_http(n: usize) -> Vec<u8> {
+    let mut out = format!("domain: api\n{HTTP_SECTION}descriptors: [");
+    let mut i = 0;
+    while out.len() < n {
+        out.push_str(&format!("{{key: k{i}, ratelimit: 1}}, "));
+        i += 1;
+    }
+    out.push_str("]\n");
+    out.into_bytes()
+}
+
+#[test]
+fn validate_works_in_proportion_to_a_flow_style_file() {
+    let dir = std::env::temp_dir().join(format!("tollgate-amp-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("flow.yaml");
+    type Make = fn(usize) -> Vec<u8>;
+    let cases: [(&str, Make, bool); 2] = [
+        (
+            "validate: flow-style rule trees and an http section",
+            flow_trees_with_http,
+            true,
+        ),
+        (
+            "validate: flow-style errors on one line",
+            flow_errors_with_http,
+            false,
+        ),
+    ];
+    for (what, make, valid) in cases {
+        linear(what, VALIDATE, 16 << 10, make, |input| {
+            std::fs::write(&file, input).unwrap();
+            let ok = validate::run(std::slice::from_ref(&file), Default::default());
+            assert_eq!(ok, valid, "{what}");
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -185,3 +185,105 @@ async fn an_ipv6_client_is_keyed_by_its_network() {
     let other = "x-forwarded-for: 2001:db8:1:3::1\r\n";
     assert_eq!(admitted(&proxy, "GET", "/api/items", other, 1).await, 1);
 }
+
+/// A query parameter and a header that rules read, and a small limit on everything.
+const READS: &str = r#"domain: reads
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: bot
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: everything
+    rate_limit: {unit: minute, requests_per_unit: 3}
+http:
+  deny: {values: {api_key: [revoked]}}
+  routes:
+    - match: {path_prefix: /q/}
+      rate_limits:
+        - actions: [{query_parameter: {query_parameter_name: key, descriptor_key: api_key}}]
+    - match: {path_prefix: /h/}
+      rate_limits:
+        - actions: [{header_value_match: {descriptor_key: bot, descriptor_value: curl, headers: [{name: user-agent, prefix_match: curl}]}}]
+    - match: {}
+      rate_limits:
+        - actions: [{generic_key: {descriptor_key: everything, descriptor_value: all}}]
+"#;
+
+/// The status and the whole answer of `request`, sent raw (it should ask to close).
+async fn answer(proxy: &Proxy, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(&proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut all = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        stream.read_to_end(&mut all),
+    )
+    .await;
+    let all = String::from_utf8_lossy(&all).into_owned();
+    let code = all
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, all)
+}
+
+#[tokio::test]
+async fn a_repeated_query_parameter_that_a_rule_reads_is_refused() {
+    let (up, proxy) = gateway("query-twice", READS).await;
+    assert_eq!(status(&proxy, "GET", "/q/x?key=revoked", "").await, 403);
+    assert_eq!(status(&proxy, "GET", "/q/x?key=fine", "").await, 200);
+    // A revoked key sent second met no deny list: the first one was read.
+    for query in [
+        "key=a&key=revoked",
+        "key=a&other=1&key=a",
+        "key=a&k%65y=revoked",
+        "key&key=revoked",
+    ] {
+        let request = format!("GET /q/x?{query} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
+        let (code, body) = answer(&proxy, &request).await;
+        assert_eq!(code, 400, "{query}");
+        assert!(
+            body.contains("the query parameter `key` comes more than once"),
+            "{query}: {body}"
+        );
+    }
+    assert_eq!(up.paths().len(), 1, "{:?}", up.paths());
+    // A parameter no rule reads may repeat.
+    assert_eq!(
+        status(&proxy, "GET", "/q/x?key=b&tag=1&tag=2", "").await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_header_that_a_header_match_reads_is_refused() {
+    let (up, proxy) = gateway("match-twice", READS).await;
+    assert_eq!(
+        status(&proxy, "GET", "/h/x", "user-agent: curl/8\r\n").await,
+        200
+    );
+    let request =
+        "GET /h/x HTTP/1.1\r\nhost: t\r\nuser-agent: browser\r\nuser-agent: curl/8\r\nconnection: close\r\n\r\n";
+    let (code, body) = answer(&proxy, request).await;
+    assert_eq!(code, 400);
+    assert!(
+        body.contains("the header `user-agent` comes more than once"),
+        "{body}"
+    );
+    assert_eq!(up.paths().len(), 1, "{:?}", up.paths());
+}
+
+#[tokio::test]
+async fn a_request_without_host_is_refused_before_it_is_counted() {
+    let (up, proxy) = gateway("no-host", READS).await;
+    for _ in 0..5 {
+        let (code, body) = answer(&proxy, "GET /any HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+        assert_eq!(code, 400);
+        assert!(body.contains("exactly one Host header"), "{body}");
+    }
+    // None of the five was charged: the limit of 3 is whole.
+    assert_eq!(admitted(&proxy, "GET", "/any", "", 4).await, 3);
+    assert_eq!(up.paths().len(), 3, "{:?}", up.paths());
+}

@@ -394,3 +394,154 @@ async fn a_broken_file_is_counted_and_logged_once_and_one_edit_is_one_reload() {
         4
     );
 }
+
+/// Starts `tollgate serve` on `dir` as [`Server::start`] does, with `RUST_MIN_STACK` at
+/// 256 KiB: the default stack of every thread that does not set its own (tokio's
+/// included). Enough to serve; far too little to read the deepest rule file the depth
+/// caps let through, which is what a reload on such a thread used to do (and abort).
+async fn start_with_small_default_stacks(dir: &std::path::Path) -> Server {
+    let client = Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let grpc = format!("127.0.0.1:{}", support::free_port());
+        let http = format!("127.0.0.1:{}", support::free_port());
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config", dir.to_str().unwrap()])
+            .args(["--grpc-listen", &grpc, "--http-listen", &http])
+            .env("RUST_MIN_STACK", (256 << 10).to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = Server {
+            child,
+            http: format!("http://{http}"),
+            grpc,
+            rules: dir.to_path_buf(),
+        };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            if server.child.try_wait().unwrap().is_some() {
+                break; // a port taken meanwhile: try others
+            }
+            let ready = client.get(format!("{}/readyz", server.http)).send().await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    panic!("tollgate serve did not start");
+}
+
+/// A rule file whose descriptors nest `depth` levels deep (two YAML levels each).
+fn nested(depth: usize) -> String {
+    let mut text = String::from("domain: r\ndescriptors:\n");
+    for level in 0..depth {
+        let pad = "  ".repeat(level * 2 + 1);
+        text.push_str(&format!("{pad}- key: k{level}\n{pad}  descriptors:\n"));
+    }
+    let pad = "  ".repeat(depth * 2 + 1);
+    text.push_str(&format!("{pad}- key: leaf\n"));
+    text
+}
+
+/// A file as deep as the nesting estimate lets through (232 YAML levels, 4 of them
+/// blocks), refused after it is parsed: `key` names a descriptor field that does not
+/// exist.
+fn deepest_refused(key: &str) -> String {
+    let n = 228;
+    format!(
+        "domain: r\ndescriptors:\n  - key: user\n    {key}: {{x: {}{}}}\n",
+        "[".repeat(n),
+        "]".repeat(n)
+    )
+}
+
+#[tokio::test]
+async fn a_deep_or_broken_rule_file_never_crashes_a_reload_and_the_old_rules_keep_serving() {
+    let dir = tempdir("deep-reload");
+    std::fs::write(dir.join("r.yaml"), V1).unwrap();
+    let mut s = start_with_small_default_stacks(&dir).await;
+    let c = Client::new();
+    assert_eq!(limit_of(&c, &s, "a").await.0, 200);
+    assert_eq!(limit_of(&c, &s, "a").await.0, 429);
+
+    let nul =
+        V1.to_string() + "\0  - key: other\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+    let cases = [
+        // 1,200 YAML levels (2.9 MB): refused by the estimate, before parsing.
+        (
+            nested(600),
+            "r.yaml:233:".to_string(),
+            "levels deep (the rule files' limit)",
+        ),
+        // As deep as gets past the estimate: parsed, on the reload's own stack.
+        (
+            deepest_refused("metadaat"),
+            "r.yaml:4:5:".to_string(),
+            "unknown key `metadaat`",
+        ),
+        // A NUL would have ended the file there: refused with its place.
+        (
+            nul,
+            "r.yaml:5:1:".to_string(),
+            "a control character (U+0000)",
+        ),
+    ];
+    for (text, place, what) in cases {
+        std::fs::write(dir.join("r.yaml"), text).unwrap();
+        // The watcher may read it first; either way the answer is the file's errors.
+        let r = c.post(format!("{}/reload", s.http)).send().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            s.child.try_wait().unwrap().is_none(),
+            "the server died reloading a file with {what}"
+        );
+        let r = r.unwrap();
+        assert_eq!(r.status(), 422, "{what}");
+        let body: Value = r.json().await.unwrap();
+        let error = body["errors"][0].as_str().unwrap();
+        assert!(error.contains(&place) && error.contains(what), "{body}");
+        let rules = s.get_json("/rules").await;
+        let last = rules["last_error"][0].as_str().unwrap();
+        assert!(last.contains(&place) && last.contains(what), "{rules}");
+        // The old rules serve, their counters intact.
+        let (status, body) = limit_of(&c, &s, "a").await;
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(body["descriptors"][0]["limit"]["requests_per_unit"], 1);
+    }
+
+    // SIGHUP's thread reads the files on a stack of its own too (as does the watcher's,
+    // which sees the same file).
+    std::fs::write(dir.join("r.yaml"), deepest_refused("metadatta")).unwrap();
+    let sighup = std::process::Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sighup.success());
+    let started = Instant::now();
+    loop {
+        assert!(
+            s.child.try_wait().unwrap().is_none(),
+            "the server died reloading on SIGHUP"
+        );
+        let rules = s.get_json("/rules").await;
+        if rules["last_error"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown key `metadatta`"))
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the file was not reloaded within 5 s: {rules}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.child.try_wait().unwrap().is_none());
+    assert_eq!(limit_of(&c, &s, "a").await.0, 429);
+}

@@ -208,3 +208,43 @@ http:
         StatusCode::OK
     );
 }
+
+#[tokio::test]
+async fn ipv6_clients_are_keyed_by_the_configured_prefix() {
+    minute::away_from_a_minute_boundary(10);
+    let text = rules_for("/").replace("http:\n", "http:\n  ipv6_prefix: 48\n");
+    let file = rules_file("ipv6-48", &text);
+    let rules = Arc::new(Rules::load(vec![file], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
+    let app = axum::Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(limiter));
+    assert_eq!(
+        status(&app, "/x", "[2001:db8:1:2::1]:5").await.0,
+        StatusCode::OK
+    );
+    // Another /64 of the same /48: the same client.
+    assert_eq!(
+        status(&app, "/x", "[2001:db8:1:ffff::9]:5").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another /48: another client.
+    assert_eq!(
+        status(&app, "/x", "[2001:db8:2::1]:5").await.0,
+        StatusCode::OK
+    );
+
+    // More bits than an address has: refused, with the file and line.
+    let text = rules_for("/").replace("http:\n", "http:\n  ipv6_prefix: 129\n");
+    let file = rules_file("ipv6-129", &text);
+    let Err(e) = Rules::load(vec![file.clone()], LoadOptions::default()) else {
+        panic!("ipv6_prefix: 129 loaded");
+    };
+    let e = e.to_string();
+    let place = format!("{}:6:", file.display());
+    assert!(e.contains(&place), "{e}");
+    assert!(
+        e.contains("http.ipv6_prefix: 129 is more than the 128 bits of an IPv6 address"),
+        "{e}"
+    );
+}

@@ -346,15 +346,58 @@ mod errors {
     }
 
     #[test]
+    fn compact_and_mixed_nesting_is_caught_before_parsing() {
+        // Collections opened inside one line (`- `, `? ` complex keys, `: ` their
+        // values), and block nesting continued in flow style: each counts, so each of
+        // these is an error with its place, on a 2 MiB stack, and not an overflow.
+        let block = (0..150)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect::<String>();
+        let files = [
+            format!("domain: d\ndescriptors:\n{}x\n", "? ".repeat(20_000)),
+            format!("domain: d\ndescriptors:\n{}x\n", "- ? ".repeat(10_000)),
+            format!("domain: d\n? x\n: {}x\n", "- ".repeat(20_000)),
+            format!(
+                "domain: d\ndescriptors:\n{}{}\n",
+                "- ".repeat(150),
+                "[".repeat(20_000)
+            ),
+            format!(
+                "domain: d\nx:\n{block}{}y: {}\n",
+                " ".repeat(150),
+                "{a: [".repeat(10_000)
+            ),
+        ];
+        let found = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || files.map(|text| errors(&text)))
+            .unwrap()
+            .join()
+            .unwrap();
+        let line = |e: &[String]| e.first().map(|e| e.split(':').next().unwrap().to_string());
+        for (i, (e, at)) in found.iter().zip(["3", "3", "3", "3", "153"]).enumerate() {
+            assert_eq!(e.len(), 1, "file {i}: {e:?}");
+            assert!(
+                e[0].ends_with("the YAML nests more than 232 levels deep (the rule files' limit)"),
+                "file {i}: {e:?}"
+            );
+            assert_eq!(line(e).as_deref(), Some(at), "file {i}: {e:?}");
+        }
+    }
+
+    #[test]
     fn a_lockout_is_at_most_a_year() {
         let rule = |block: &str| {
             format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1, block_duration: {block}}}\n")
         };
         assert!(super::from_str("f.yaml", &rule("365d")).is_ok());
-        assert_eq!(
-            errors(&rule("99999999999d")),
-            ["4:70: `block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)"]
-        );
+        for longer in ["366d", "8785h", "99999999999d"] {
+            assert_eq!(
+                errors(&rule(longer)),
+                ["4:70: `block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)"],
+                "{longer}"
+            );
+        }
     }
 
     /// A queue at 1 a year holding 4,294,967,295 requests put instants past what the
@@ -600,6 +643,35 @@ mod null_values {
 
 mod extensions {
     use super::*;
+
+    #[test]
+    fn a_years_lockout_answers_with_a_numeric_retry_after_of_a_year() {
+        let (l, clock) = limiter("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, block_duration: 365d}\n");
+        assert_eq!(
+            l.check_now(&req("d", &[("k", "v")])).unwrap().overall,
+            Code::Ok
+        );
+        let year = 365 * 86_400;
+        for (after, left) in [(0, year), (86_400, year - 86_400)] {
+            clock.advance(Duration::from_secs(after));
+            let r = l.check_now(&req("d", &[("k", "v")])).unwrap();
+            assert_eq!(r.overall, Code::OverLimit);
+            let fields =
+                tollgate::headers::headers(&r, tollgate::headers::HeaderSettings::default());
+            let retry = fields
+                .iter()
+                .find(|(name, _)| *name == "Retry-After")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no Retry-After: {fields:?}"));
+            let secs: u64 = retry
+                .parse()
+                .unwrap_or_else(|_| panic!("Retry-After {retry:?}"));
+            assert!(
+                (left - 1..=left + 1).contains(&secs),
+                "{secs} s, not about {left}"
+            );
+        }
+    }
 
     #[test]
     fn charge_rejected_is_inherited_until_a_descriptor_sets_its_own() {

@@ -61,9 +61,27 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_jso
 
 /// Reloads the rules now: 200 when reloaded or unchanged; 422 with every error when
 /// the new rules are invalid (the old ones keep serving).
+///
+/// The files are read on a thread of their own whose stack is set
+/// ([`reload_thread`](tollgate::rules::reload_thread)), not on a blocking-pool thread,
+/// whose stack `RUST_MIN_STACK` can shrink below what a deep file needs. One such
+/// thread at a time: calls that come while one runs wait for it (reloads run one at a
+/// time anyway), without a thread each.
 pub(super) async fn reload(State(service): State<Arc<Service>>) -> Response {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let rules = Arc::clone(service.limiter.rules());
-    let outcome = tokio::task::spawn_blocking(move || rules.reload()).await;
+    let outcome = {
+        let _turn = ONE_AT_A_TIME.lock().await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match tollgate::rules::reload_thread("tollgate-reload").spawn(move || {
+            let _ = tx.send(rules.reload());
+        }) {
+            Ok(_) => rx
+                .await
+                .map_err(|_| "the reload thread ended without an answer".to_string()),
+            Err(e) => Err(format!("cannot start a thread to reload the rules: {e}")),
+        }
+    };
     // A first load makes the service ready: tell the health watchers now.
     service.refresh();
     match outcome {
@@ -74,7 +92,7 @@ pub(super) async fn reload(State(service): State<Arc<Service>>) -> Response {
             Json(json!({"outcome": "rejected", "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>()})),
         )
             .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e}))).into_response(),
     }
 }
 

@@ -187,8 +187,9 @@ impl Upstream {
     /// `502`/`504` problem response when the upstream could not answer.
     async fn forward(self, req: Request<Body>) -> Response<Body> {
         let inner = &self.inner;
-        // RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host (a repeated one is
-        // refused before the decision, by the rate limit layer).
+        // RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host. The rate limit
+        // layer refuses a missing or repeated one before the decision; this is for a
+        // forwarder used without it.
         if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
             let detail = "an HTTP/1.1 request carries exactly one Host header";
             return problem(StatusCode::BAD_REQUEST, detail);

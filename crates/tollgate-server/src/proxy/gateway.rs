@@ -135,9 +135,11 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         .map(|store| Warmer::install(store, &rules, warm_up_timeout));
     // The routes come with the rules (one load, one swap): a file whose `http` section
     // is invalid did not load, and the start stopped above.
+    // A request without Host is refused before the decision, so it charges no limit.
     let layer = RateLimitLayer::new(Arc::clone(&service.limiter))
         .with_inflight(inflight)
-        .with_legacy_headers(args.common.legacy_headers);
+        .with_legacy_headers(args.common.legacy_headers)
+        .with_host_required(true);
     // Metrics cost a little per decision; only kept when someone can read them.
     let layer = if args.admin_listen.is_some() {
         layer.with_observer(Arc::clone(&service.metrics) as Arc<dyn DecisionObserver>)

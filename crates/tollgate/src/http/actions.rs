@@ -122,11 +122,24 @@ fn header_matches(m: &HeaderMatcher, headers: &HeaderMap) -> bool {
     }
 }
 
-/// The first value of `name` in a query string, percent- and `+`-decoded.
+/// The first value of `name` in a query string, percent- and `+`-decoded. (A request
+/// that gives a parameter a rule reads more than once is refused before this is
+/// asked: [`query_repeated`].)
 fn query_value(query: Option<&str>, name: &str) -> Option<String> {
     query?.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         (decode(k) == name).then(|| decode(v))
+    })
+}
+
+/// Whether the query string names the parameter `name` more than once (as decoded:
+/// `key=a&k%65y=b` is `key` twice).
+pub(crate) fn query_repeated(query: Option<&str>, name: &str) -> bool {
+    query.is_some_and(|q| {
+        q.split('&')
+            .filter(|pair| decode(pair.split_once('=').map_or(*pair, |(k, _)| k)) == name)
+            .nth(1)
+            .is_some()
     })
 }
 

@@ -19,6 +19,8 @@ pub(crate) struct Gate<S, I> {
     pub observer: Option<Arc<dyn DecisionObserver>>,
     /// Fixed `http` sections; `None`: those of the limiter's current rule set.
     pub fixed: Option<Arc<Vec<HttpRules>>>,
+    /// Refuse an HTTP/1.1 request without `Host` (400) before deciding on it.
+    pub require_host: bool,
 }
 
 /// The rules one request is decided by: the routes and the limits of one load.

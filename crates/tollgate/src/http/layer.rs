@@ -34,6 +34,11 @@ impl<S: Store> RateLimitLayer<S, MemoryInFlight> {
     }
 
     /// A layer with fixed `http` sections (e.g. from [`config::from_str`](super::config::from_str)).
+    ///
+    /// The routes stay these for the life of the layer: a reload of the limiter's rules
+    /// changes the limits (the numbers, the algorithms, rules added or removed) but not
+    /// the routes, nor which descriptors a request sends. Build the layer with
+    /// [`new`](Self::new) for routes that follow the rule files.
     pub fn with_sections(limiter: Arc<Limiter<S>>, http: Vec<HttpRules>) -> Self {
         Self::build(limiter, MemoryInFlight::new(), Some(Arc::new(http)))
     }
@@ -48,6 +53,7 @@ impl<S, I> RateLimitLayer<S, I> {
                 headers: HeaderSettings::default(),
                 observer: None,
                 fixed,
+                require_host: false,
             }),
         }
     }
@@ -59,6 +65,16 @@ impl<S, I> RateLimitLayer<S, I> {
         headers: HeaderSettings,
         observer: Option<Arc<dyn DecisionObserver>>,
     ) -> RateLimitLayer<S, J> {
+        self.rebuild_with(inflight, headers, observer, self.gate.require_host)
+    }
+
+    fn rebuild_with<J>(
+        &self,
+        inflight: Arc<J>,
+        headers: HeaderSettings,
+        observer: Option<Arc<dyn DecisionObserver>>,
+        require_host: bool,
+    ) -> RateLimitLayer<S, J> {
         let g = &self.gate;
         RateLimitLayer {
             gate: Arc::new(Gate {
@@ -67,6 +83,7 @@ impl<S, I> RateLimitLayer<S, I> {
                 headers,
                 observer,
                 fixed: g.fixed.clone(),
+                require_host,
             }),
         }
     }
@@ -91,6 +108,20 @@ impl<S, I> RateLimitLayer<S, I> {
             Arc::clone(&self.gate.inflight),
             headers,
             self.gate.observer.clone(),
+        )
+    }
+
+    /// Refuse (400, before any limit is charged) an HTTP/1.1 request without a `Host`
+    /// header, as RFC 9112 §3.2 asks of a server; a repeated `Host` is refused either
+    /// way. Off by default, since requests built in-process (tests, `oneshot`) often
+    /// have none; `tollgate proxy` turns it on, so that a request its forwarder would
+    /// refuse is not counted first.
+    pub fn with_host_required(self, required: bool) -> Self {
+        self.rebuild_with(
+            Arc::clone(&self.gate.inflight),
+            self.gate.headers,
+            self.gate.observer.clone(),
+            required,
         )
     }
 

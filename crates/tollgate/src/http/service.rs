@@ -1,7 +1,8 @@
 //! [`RateLimit`]: the tower service a [`RateLimitLayer`](super::RateLimitLayer) builds.
 //!
 //! For each request: its path, normalized ([`path`](super::path); 400 if it cannot be);
-//! then for each `http` section (one per rule file, in file order): the client address
+//! 400 too for a repeated `Host` (or a missing one, when the layer requires it) and for
+//! a header or query parameter that a rule reads and the request repeats; then for each `http` section (one per rule file, in file order): the client address
 //! (through trusted proxies only), the deny list (403), the first matching route (none:
 //! not limited), the allow list (not limited), the route's concurrency permits, then
 //! one all-or-nothing [`Limiter::check_in`](crate::limiter::Limiter::check_in) of the
@@ -29,7 +30,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 
-use super::actions::{descriptor, RequestView};
+use super::actions::{descriptor, query_repeated, RequestView};
 use super::body::PermitBody;
 use super::client_ip::client_ip;
 use super::config::{AccessList, Action, Fallback, HttpRules};
@@ -168,7 +169,7 @@ async fn decide<S: Store, I: InFlight>(
 ) -> Verdict {
     let snapshot = gate.snapshot();
     let sections = snapshot.sections();
-    if let Some(why) = ambiguous(request, sections) {
+    if let Some(why) = ambiguous(request, sections, gate.require_host) {
         return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
     }
     let peer = peer(request);
@@ -272,19 +273,15 @@ async fn decide<S: Store, I: InFlight>(
     }
 }
 
-/// Whether the client address or a value the route's actions would build is listed.
-/// Why `request` cannot be decided on, if it cannot: its `Host` is repeated (RFC 9112
-/// §3.2 says 400), or a header that a rule reads comes more than once, so that a deny
-/// list could meet one value and the upstream act on the other. (A missing `Host` is
-/// the forwarder's to refuse: requests made in-process, as in tests, often have none.)
-fn ambiguous(request: &Parts, sections: &[HttpRules]) -> Option<String> {
-    if request
-        .headers
-        .get_all(http::header::HOST)
-        .iter()
-        .nth(1)
-        .is_some()
-    {
+/// Why `request` cannot be decided on, if it cannot: its `Host` is repeated, or missing
+/// from an HTTP/1.1 request when the gate requires it (RFC 9112 §3.2 says 400 to both;
+/// a missing one is refused only when asked, since requests made in-process, as in
+/// tests, often have none), or a header or query parameter that a rule reads comes
+/// more than once, so that a deny list or a limit could meet one value and the
+/// upstream act on the other. Refused before any limit is charged.
+fn ambiguous(request: &Parts, sections: &[HttpRules], require_host: bool) -> Option<String> {
+    let hosts = request.headers.get_all(http::header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && require_host && request.version == http::Version::HTTP_11) {
         return Some("an HTTP/1.1 request carries exactly one Host header".to_string());
     }
     let repeated = |name: &str| request.headers.get_all(name).iter().nth(1).is_some();
@@ -308,6 +305,14 @@ fn ambiguous(request: &Parts, sections: &[HttpRules]) -> Option<String> {
                         return refuse(&m.name);
                     }
                 }
+                Action::QueryParameter {
+                    query_parameter_name,
+                    ..
+                } if query_repeated(request.uri.query(), query_parameter_name) => {
+                    return Some(format!(
+                        "the query parameter `{query_parameter_name}` comes more than once, and the gateway's rules read it: send it once"
+                    ));
+                }
                 _ => {}
             }
         }
@@ -315,6 +320,7 @@ fn ambiguous(request: &Parts, sections: &[HttpRules]) -> Option<String> {
     None
 }
 
+/// Whether the client address or a value the route's actions would build is listed.
 fn listed(list: &AccessList, view: &RequestView<'_>, section: &HttpRules) -> bool {
     if list.is_empty() {
         return false;

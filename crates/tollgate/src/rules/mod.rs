@@ -74,7 +74,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
 pub use load::{from_str, load, rule_files, LoadOptions, DEFAULT_MAX_DEPTH, MAX_MAX_DEPTH};
 pub use metadata::Metadata;
-pub use reload::{summary, BeforeSwap, ReloadOutcome, Rules};
+pub use reload::{reload_thread, summary, BeforeSwap, ReloadOutcome, Rules, RELOAD_STACK_SIZE};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;
 #[cfg(all(feature = "watch", unix))]

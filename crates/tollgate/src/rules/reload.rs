@@ -156,7 +156,7 @@ impl Rules {
     /// Runs `hook` with every new rule set that [`reload`](Self::reload) loads and
     /// validates, before that set replaces the one in force (a reload that fails or
     /// finds the files unchanged does not call it). The hook runs on the thread that
-    /// calls `reload` (the file watcher's, the SIGHUP thread, a blocking task) and may
+    /// calls `reload` (the file watcher's, the SIGHUP thread, `POST /reload`'s) and may
     /// block it: the old set serves until the hook returns. For example, a store can
     /// prepare what the new limits need (the server loads the Redis scripts of their
     /// algorithms), so that the first requests under the new rules find it ready. One
@@ -171,7 +171,8 @@ impl Rules {
     }
 
     /// Reads the files again and swaps in the new set if it is valid. On error the old
-    /// set keeps serving and the errors are returned (and kept in `last_error`).
+    /// set keeps serving and the errors are returned (and kept in `last_error`). Call it
+    /// on a thread made by [`reload_thread`], whose stack is known to suffice.
     ///
     /// Files byte for byte those of the set in force: [`ReloadOutcome::Unchanged`].
     /// Files byte for byte those that failed last time: the kept errors again, neither
@@ -270,6 +271,22 @@ fn digest(paths: &[PathBuf]) -> u64 {
         std::fs::read(&file).unwrap_or_default().hash(&mut h);
     }
     h.finish()
+}
+
+/// The stack of every thread that reads rule files: the file watcher's, the SIGHUP
+/// thread's and `tollgate serve`'s `POST /reload`. The depth caps keep reading a file
+/// within 2 MiB; this is twice that, and set explicitly, so that neither a platform's
+/// default nor `RUST_MIN_STACK` (which lowers the default of every thread that does not
+/// set its own, tokio's included) can make a deep file overflow a reload's stack.
+pub const RELOAD_STACK_SIZE: usize = 4 << 20;
+
+/// A thread builder named `name` with a [`RELOAD_STACK_SIZE`] stack: spawn whatever
+/// calls [`Rules::reload`] (or loads rule files) on it, rather than on a thread whose
+/// stack is not known (a tokio worker, a `spawn_blocking` task).
+pub fn reload_thread(name: &str) -> std::thread::Builder {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .stack_size(RELOAD_STACK_SIZE)
 }
 
 /// (domains, rules) in a set, for logs and summaries.

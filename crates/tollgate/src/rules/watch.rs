@@ -22,7 +22,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
-use std::thread;
 
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -31,6 +30,7 @@ use notify::event::{EventKind, MetadataKind, ModifyKind};
 use notify::{RecursiveMode, Watcher as _};
 
 use super::load::rule_files;
+use super::reload::reload_thread;
 use super::Rules;
 
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -94,8 +94,8 @@ pub fn watch(rules: Arc<Rules>) -> notify::Result<Watcher> {
     // Weak: dropping the `Watcher` drops the notify watcher, which ends this thread.
     let handle = Arc::downgrade(&watcher);
     let mut seen = stamp(rules.paths());
-    thread::Builder::new()
-        .name("tollgate-rules-watch".into())
+    // Reloads read the files on this thread: its stack is set, not left to defaults.
+    reload_thread("tollgate-rules-watch")
         .spawn(move || {
             while let Ok(first) = rx.recv() {
                 // Let a burst of events (write, rename, symlink swap) settle.
@@ -233,14 +233,12 @@ fn file_stamp(file: &Path) -> Option<FileStamp> {
 #[cfg(unix)]
 pub fn reload_on_sighup(rules: Arc<Rules>) -> std::io::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
-    thread::Builder::new()
-        .name("tollgate-sighup".into())
-        .spawn(move || {
-            for _ in signals.forever() {
-                tracing::info!("SIGHUP: reloading rules");
-                let _ = rules.reload();
-            }
-        })?;
+    reload_thread("tollgate-sighup").spawn(move || {
+        for _ in signals.forever() {
+            tracing::info!("SIGHUP: reloading rules");
+            let _ = rules.reload();
+        }
+    })?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Reading one rule file: YAML with positions (marked-yaml), validated key by key so
 //! that every problem is reported with its line and column, not only the first.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
@@ -21,6 +21,10 @@ pub(crate) struct Reader<'a> {
     file: &'a str,
     errors: Vec<ConfigError>,
     lines: Vec<String>,
+    /// The characters of each line an error was placed on, made the first time one
+    /// needs them: a flow-style file is one long line with many errors, and collecting
+    /// it again for each would make the errors cost the square of the line.
+    chars: HashMap<usize, Vec<char>>,
     /// How many `descriptors` lists deep the reading is, and how deep they may go.
     depth: usize,
     max_depth: usize,
@@ -33,6 +37,7 @@ impl<'a> Reader<'a> {
             file,
             errors: Vec::new(),
             lines: Vec::new(),
+            chars: HashMap::new(),
             depth: 0,
             max_depth,
         }
@@ -54,15 +59,16 @@ impl<'a> Reader<'a> {
 
     /// 1-based (line, column) of a span. yaml-rust marks the first key of a block
     /// mapping at its `:`; such a marker is moved back to the start of the key.
-    fn position(&self, span: &Span) -> (usize, usize) {
+    fn position(&mut self, span: &Span) -> (usize, usize) {
         let Some(m) = span.start() else { return (0, 0) };
         let (line, column) = (m.line(), m.column());
-        let text = self
-            .lines
-            .get(line.wrapping_sub(1))
-            .map(String::as_str)
-            .unwrap_or("");
-        let chars: Vec<char> = text.chars().collect();
+        let lines = &self.lines;
+        let chars = self.chars.entry(line).or_insert_with(|| {
+            lines
+                .get(line.wrapping_sub(1))
+                .map(|text| text.chars().collect())
+                .unwrap_or_default()
+        });
         if column >= 2 && chars.get(column - 1) == Some(&':') {
             let before = &chars[..column - 1];
             let key_len = before
@@ -761,17 +767,18 @@ fn forbidden_character(text: &str) -> Option<(usize, usize, String)> {
     ))
 }
 
-/// How deep the YAML of a rule file may nest, whatever `--max-rule-depth` says (both
-/// readers of a file, the rules' and the gateway's, hold it to this one bound, so that
-/// they report it once): each descriptor level is two YAML levels (a list and a
+/// How deep the YAML of a rule file may nest, whatever `--max-rule-depth` says (the
+/// one reader of a file, its rules and its `http` section alike, holds it to this
+/// bound before parsing): each descriptor level is two YAML levels (a list and a
 /// mapping), [`MAX_MAX_DEPTH`] of them and room for the fields inside the deepest. The
-/// YAML reader recurses once per level; this bound is what keeps it within any
-/// thread's stack (tokio's 2 MiB workers, where reloads run, included).
+/// YAML reader recurses once per level; this bound is what keeps it within a 2 MiB
+/// stack, and the threads that read rule files are given twice that
+/// ([`RELOAD_STACK_SIZE`](super::RELOAD_STACK_SIZE)).
 pub(crate) const MAX_YAML_DEPTH: usize = 2 * super::MAX_MAX_DEPTH + 32;
 
 /// Where the YAML of `text` first nests deeper than `limit` levels, as (line, column,
-/// message), found without parsing: block levels from the indentation (and each `- `
-/// that opens a list inside a line), flow levels from brackets outside quotes and
+/// message), found without parsing: block levels from the indentation (and each `- `,
+/// `? ` or `: ` that opens a collection inside a line: `- - x`, `? ? x`, `: - x`), flow levels from brackets outside quotes and
 /// comments. An upper estimate for ordinary files (a block scalar's lines are skipped),
 /// linear in the text.
 fn too_deep(text: &str, limit: usize) -> Option<(usize, usize, String)> {
@@ -801,8 +808,9 @@ fn too_deep(text: &str, limit: usize) -> Option<(usize, usize, String)> {
                 indents.pop();
             }
             indents.push(indent);
-            // `- - x`: each dash opens a list inside the line.
-            while let Some(&(at, '-')) = chars.peek() {
+            // `- - x`, `? ? x`, `: - x`: each indicator opens a collection inside
+            // the line (a list, a mapping with a complex key, the value of one).
+            while let Some(&(at, '-' | '?' | ':')) = chars.peek() {
                 let next = content[at + 1..].chars().next();
                 if !matches!(next, None | Some(' ' | '\t')) {
                     break;
