@@ -6,7 +6,8 @@
 //! **State.** [`LogState`]: 48 bytes plus 16 bytes per logged instant still inside the
 //! window (requests at the same nanosecond share one entry); the queue's capacity grows
 //! by doubling from 4 entries, so a key costs at most about `48 + 32 × limit` bytes
-//! (measured: about 200 bytes for a key holding one entry, with the map's share). This is the one algorithm whose memory grows with
+//! (docs/benchmarks.md, Library, has what a key holding one entry takes, with the map's
+//! share). This is the one algorithm whose memory grows with
 //! the limit; prefer [`SlidingWindow`](super::SlidingWindow) for large limits.
 //!
 //! **Maths.** Drop entries with `at + window <= now`; with `used` the sum of the rest,
