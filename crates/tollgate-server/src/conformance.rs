@@ -1,4 +1,4 @@
-//! `tollgate conformance DIR`: runs rule-engine case files (`shared/cases/README.md`
+//! `tollgate conformance DIR`: runs rule-engine case files (`tests/cases/README.md`
 //! describes the format) with a manual clock against a store, and reports every
 //! failing step.
 

@@ -15,7 +15,7 @@
 //! oldest entries covering the excess have left: at `entry.at + window`.
 //! `reset_after` is the time until the newest entry leaves.
 //!
-//! **Example** (`shared/cases/tollgate/04-sliding-log.yaml`). 2 per minute: requests at
+//! **Example** (`tests/cases/tollgate/04-sliding-log.yaml`). 2 per minute: requests at
 //! 1 s and 30 s; at 50 s a third is rejected until 61 s; at 70 s one passes again.
 //! ```
 //! use std::time::Duration;
