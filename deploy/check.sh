@@ -10,12 +10,13 @@
 #   name is one that crates/tollgate-server/src/metrics.rs registers;
 # - the Grafana dashboard: valid JSON (`python3 -m json.tool`), a Prometheus data source
 #   variable that every panel uses, unique panel ids, queries that promtool parses;
-# - the Kubernetes manifests and the Envoy configuration: YAML that parses (PyYAML; skipped,
-#   saying so, without it), and what they must say: the probes, ports and rule volume of
-#   the Deployment, the Envoy rate limit filter, its HTTP/2 cluster and that its domain is
-#   one the ConfigMap defines; the Envoy configuration against Envoy's protos when a python
-#   with xds-protos is at hand (.venv, as .ci/run makes it); `kubectl kustomize` when kubectl
-#   is installed;
+# - the Kubernetes manifests and the Envoy configurations (the front proxy's and the
+#   sidecar's, deploy/kubernetes/envoy-sidecar/): YAML that parses (PyYAML; skipped, saying
+#   so, without it), and what they must say: the probes, ports and rule volume of the
+#   Deployment, the sidecar's container, config volume and Service, the Envoy rate limit
+#   filter, its HTTP/2 cluster and that its domain is one the ConfigMap defines; the Envoy
+#   configurations against Envoy's protos when a python with xds-protos is at hand (.venv,
+#   as .ci/run makes it); `kubectl kustomize` when kubectl is installed;
 # - the systemd unit: `systemd-analyze verify`, when systemd-analyze is installed;
 # - with a `tollgate` binary as $1: the ConfigMap's rule files pass `tollgate validate`,
 #   and every `--flag` and `TOLLGATE_*` variable that docs/operations.md and deploy/ name
@@ -59,6 +60,7 @@ RULES=deploy/prometheus/tollgate-rules.yaml
 DASHBOARD=deploy/grafana/tollgate-dashboard.json
 ENVOY=deploy/envoy/envoy.yaml
 K8S=deploy/kubernetes
+SIDECAR=deploy/kubernetes/envoy-sidecar
 UNIT=deploy/systemd/tollgate.service
 DOC=docs/operations.md
 
@@ -165,7 +167,7 @@ EOF
 
 if python3 -c 'import yaml' 2>/dev/null; then
   have_yaml=1
-  for file in "$K8S"/*.yaml "$ENVOY"; do
+  for file in "$K8S"/*.yaml "$SIDECAR"/*.yaml "$ENVOY"; do
     check "YAML parses: $file" python3 -c 'import sys, yaml; list(yaml.safe_load_all(open(sys.argv[1])))' "$file"
   done
 
@@ -212,7 +214,49 @@ for (kind, name), doc in docs.items():
 assert service_ports["tollgate"] == {"grpc": 8081, "http": 8080}, "Service tollgate: grpc 8081, http 8080"
 EOF
 
-  check "the Envoy configuration: rate limit filter, HTTP/2 cluster, routes' actions, a domain the rules define" python3 - "$ENVOY" "$K8S/configmap.yaml" <<'EOF'
+  # The sidecar's Envoy configuration, out of its ConfigMap, and its pod and Service.
+  check "the Envoy sidecar: its container, config volume and Service" python3 - "$SIDECAR" "$tmp/sidecar-envoy.yaml" <<'EOF'
+import glob, sys, yaml
+docs = {}
+for path in sorted(glob.glob(sys.argv[1] + "/*.yaml")):
+    for doc in yaml.safe_load_all(open(path)):
+        if doc and doc.get("kind") != "Kustomization":
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+deployment = docs[("Deployment", "app")]
+pod = deployment["spec"]["template"]["spec"]
+containers = {c["name"]: c for c in pod["containers"]}
+assert "app" in containers, "the application's container, `app`"
+envoy = containers["envoy"]
+args = envoy["args"]
+config_path = args[args.index("-c") + 1]
+volumes = {v["name"]: v for v in pod["volumes"]}
+mounted = None
+for m in envoy["volumeMounts"]:
+    volume = volumes[m["name"]]
+    if "configMap" in volume and config_path.startswith(m["mountPath"].rstrip("/") + "/"):
+        mounted = (volume["configMap"]["name"], config_path[len(m["mountPath"].rstrip("/")) + 1:])
+assert mounted, f"{config_path} comes from a mounted ConfigMap"
+config = docs[("ConfigMap", mounted[0])]["data"][mounted[1]]
+open(sys.argv[2], "w").write(config)
+config = yaml.safe_load(config)
+ports = {p["name"]: p["containerPort"] for p in envoy["ports"]}
+listeners = {l["address"]["socket_address"]["port_value"] for l in config["static_resources"]["listeners"]}
+for name in ("readinessProbe", "livenessProbe"):
+    assert ports[envoy[name]["tcpSocket"]["port"]] in listeners, f"envoy's {name} checks its listener"
+assert {"cpu", "memory"} <= set(envoy["resources"]["requests"]), "envoy: resource requests"
+labels = deployment["spec"]["template"]["metadata"]["labels"]
+service = docs[("Service", "app")]
+assert service["spec"]["selector"].items() <= labels.items(), "Service app selects the pods"
+for p in service["spec"]["ports"]:
+    assert ports.get(p["targetPort"]) in listeners, "Service app sends clients to Envoy's listener"
+clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+app_hosts = {e["endpoint"]["address"]["socket_address"]["address"]
+             for g in clusters["app"]["load_assignment"]["endpoints"] for e in g["lb_endpoints"]}
+assert app_hosts == {"127.0.0.1"}, "the sidecar forwards to the application in its pod"
+EOF
+
+  for envoy_file in "$ENVOY" "$tmp/sidecar-envoy.yaml"; do
+  check "the Envoy configuration ($envoy_file): rate limit filter, HTTP/2 cluster, routes' actions, a domain the rules define" python3 - "$envoy_file" "$K8S/configmap.yaml" <<'EOF'
 import sys, yaml
 envoy = yaml.safe_load(open(sys.argv[1]))
 rules = yaml.safe_load(open(sys.argv[2]))
@@ -247,6 +291,7 @@ for f in filters:
     assert ports == {8081}, "the rate limit cluster points at Tollgate's gRPC port, 8081"
 assert {"remote_address", "request_headers"} <= actions, "routes use remote_address and request_headers actions"
 EOF
+  done
 
   # The ConfigMap's rule files, for `tollgate validate` below.
   check "the ConfigMap's rule files extracted" python3 - "$K8S/configmap.yaml" "$tmp/rules" <<'EOF'
@@ -277,8 +322,9 @@ for candidate in .venv/bin/python python3; do
   fi
 done
 if [ "$have_yaml" = 1 ] && [ -n "$envoy_python" ]; then
-  python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)' "$ENVOY" > "$tmp/envoy.json"
-  check "$ENVOY parses as Envoy's Bootstrap message (xds-protos)" "$envoy_python" - "$tmp/envoy.json" <<'EOF'
+  for envoy_file in "$ENVOY" "$tmp/sidecar-envoy.yaml"; do
+  python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)' "$envoy_file" > "$tmp/envoy.json"
+  check "$envoy_file parses as Envoy's Bootstrap message (xds-protos)" "$envoy_python" - "$tmp/envoy.json" <<'EOF'
 import importlib, json, pkgutil, sys
 import envoy
 from google.protobuf import json_format
@@ -295,14 +341,16 @@ try:
 except json_format.ParseError as e:
     sys.exit(str(e))
 EOF
+  done
 else
-  skip "$ENVOY against Envoy's protos: needs PyYAML and a python with xds-protos (.venv/bin/pip install -r crates/tollgate-server/tests/python/requirements.txt)"
+  skip "$ENVOY and the sidecar's Envoy configuration against Envoy's protos: needs PyYAML and a python with xds-protos (.venv/bin/pip install -r crates/tollgate-server/tests/python/requirements.txt)"
 fi
 
 if command -v kubectl >/dev/null; then
   check "kubectl kustomize $K8S" kubectl kustomize "$K8S"
+  check "kubectl kustomize $SIDECAR" kubectl kustomize "$SIDECAR"
 else
-  skip "kubectl kustomize $K8S: kubectl is not installed"
+  skip "kubectl kustomize $K8S and $SIDECAR: kubectl is not installed"
 fi
 
 # --- systemd ------------------------------------------------------------------------------
@@ -349,7 +397,7 @@ if [ -n "$tollgate" ]; then
     "$tollgate" $command --help >> "$tmp/help.txt"
   done
   check "every --flag and TOLLGATE_* variable in $DOC and deploy/ is one tollgate --help lists" \
-    python3 - "$tmp/help.txt" "$DOC" "$UNIT" "$K8S"/*.yaml "$ENVOY" "$RULES" <<'EOF'
+    python3 - "$tmp/help.txt" "$DOC" "$UNIT" "$K8S"/*.yaml "$SIDECAR"/*.yaml "$ENVOY" "$RULES" <<'EOF'
 import re, sys
 help_text = open(sys.argv[1]).read()
 flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text))

@@ -8,7 +8,7 @@
 #      deb.debian.org (names read from bullseye's package index) and unpacks them under
 #      target/redis6 (kept for the next run).
 #   2. Starts that redis-server on a free port.
-#   3. `tollgate conformance ../shared/cases --store redis://...`: every case must pass.
+#   3. `tollgate conformance tests/cases --store redis://...`: every case must pass.
 #   4. `tollgate serve --store redis://...` under `tollgate-load grpc` for 3 s: no errors,
 #      EVALSHA calls in INFO commandstats, and the one warning in the server's log.
 #   5. `tollgate redis-prune`: nothing to delete on a Redis without functions.
@@ -32,7 +32,7 @@ source "$root/tools/lib.sh"
 for tool in curl xz dpkg-deb redis-cli; do
   command -v "$tool" >/dev/null || die "$tool is required"
 done
-[[ -d "$root/../shared/cases" ]] || die "../shared/cases is missing (clone with shared/ beside the repository)"
+[[ -d "$root/tests/cases" ]] || die "tests/cases is missing (run this from a clone of the repository)"
 
 if [[ ! -x "$cache/bin/redis-server" ]]; then
   log "fetching Debian 11's Redis 6.0 into $cache..."
@@ -82,11 +82,11 @@ if [[ "$version" != 6.0.* ]]; then
 fi
 log "Redis $version on port $port"
 
-log "1. the shared cases..."
-if ! "$bin/tollgate" conformance "$root/../shared/cases" --store "redis://127.0.0.1:$port" \
+log "1. the conformance cases (tests/cases)..."
+if ! "$bin/tollgate" conformance "$root/tests/cases" --store "redis://127.0.0.1:$port" \
   >"$work/cases.txt" 2>&1; then
   cat "$work/cases.txt" >&2
-  die "a shared case failed on Redis $version (above)"
+  die "a conformance case failed on Redis $version (above)"
 fi
 tail -1 "$work/cases.txt"
 

@@ -1,4 +1,4 @@
-//! `tollgate conformance DIR`: runs rule-engine case files (`shared/cases/README.md`
+//! `tollgate conformance DIR`: runs rule-engine case files (`tests/cases/README.md`
 //! describes the format) with a manual clock against a store, and reports every
 //! failing step.
 
@@ -201,14 +201,18 @@ fn config_error_case(config: &str, expect: &MarkedMappingNode) -> Vec<String> {
     if fits {
         Vec::new()
     } else {
-        vec![format!(
-            "no error contains {contains:?}{}; got:\n{errors}",
-            if lines.is_empty() {
-                String::new()
-            } else {
-                format!(" on line {lines:?}")
-            }
-        )]
+        let words = contains
+            .iter()
+            .map(|c| format!("\"{c}\""))
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let on = if lines.is_empty() {
+            String::new()
+        } else {
+            let lines = lines.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+            format!(" on line {}", lines.join(" or "))
+        };
+        vec![format!("no error contains {words}{on}; got:\n{errors}")]
     }
 }
 
@@ -339,11 +343,14 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
                     Some(g.requests_per_unit) == rpu && Some(g.unit.name().to_string()) == unit
                 });
                 if !matches {
+                    let got = got.limit.as_ref().map_or_else(
+                        || "none".to_string(),
+                        |g| format!("{} per {}", g.requests_per_unit, g.unit.name()),
+                    );
+                    let rpu = rpu.map_or_else(|| "?".to_string(), |n| n.to_string());
+                    let unit = unit.as_deref().unwrap_or("?");
                     out.push(format!(
-                        "status {i}: limit {:?}, expected {rpu:?} per {unit:?}",
-                        got.limit
-                            .as_ref()
-                            .map(|g| (g.requests_per_unit, g.unit.name()))
+                        "status {i}: limit {got}, expected {rpu} per {unit}"
                     ));
                 }
             }
@@ -389,4 +396,36 @@ pub fn report(dir: &Path, store: &str, tls: Option<&RedisTls>) -> bool {
     }
     println!("{} passed, {failed} failed", results.len() - failed);
     failed == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_case;
+
+    /// A case whose expected limit differs from the rule's.
+    const WRONG_LIMIT: &str = "config: |
+  domain: test
+  descriptors:
+    - key: k
+      rate_limit: {unit: minute, requests_per_unit: 5}
+steps:
+  - request: {domain: test, descriptors: [{entries: [[k, v]]}]}
+    expect: {statuses: [{limit: {requests_per_unit: 6, unit: MINUTE}}]}
+  - request: {domain: test, descriptors: [{entries: [[other, v]]}]}
+    expect: {statuses: [{limit: {requests_per_unit: 6, unit: MINUTE}}]}
+";
+
+    #[test]
+    fn a_wrong_limit_is_reported_in_words() {
+        let failures = run_case(WRONG_LIMIT, "memory", None);
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert!(
+            failures[0].ends_with("status 0: limit 5 per MINUTE, expected 6 per MINUTE"),
+            "{failures:?}"
+        );
+        assert!(
+            failures[1].ends_with("status 0: limit none, expected 6 per MINUTE"),
+            "{failures:?}"
+        );
+    }
 }

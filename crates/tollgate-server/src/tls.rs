@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
@@ -28,8 +28,10 @@ pub fn acceptor(
 ) -> Result<TlsAcceptor, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates(cert)?;
-    let private = PrivateKeyDer::from_pem_slice(&read(key)?)
-        .map_err(|e| format!("{}: no private key in it ({e:?})", named(key)))?;
+    let private = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| match e {
+        pem::Error::NoItemsFound => format!("{}: no private key in it", named(key)),
+        e => format!("{}: {}", named(key), pem_words(&e)),
+    })?;
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?;
@@ -64,12 +66,30 @@ pub fn read(file: FlagFile<'_>) -> Result<Vec<u8>, String> {
     std::fs::read(file.1).map_err(|e| format!("{}: {e}", named(file)))
 }
 
+/// What is wrong with a PEM file, in words (the error's own text shows bytes as lists
+/// of numbers).
+fn pem_words(e: &pem::Error) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => {
+            let label = text(end_marker);
+            format!("its BEGIN {label} section has no END {label} line")
+        }
+        pem::Error::IllegalSectionStart { line } => {
+            format!("a malformed PEM line \"{}\"", text(line))
+        }
+        pem::Error::Base64Decode(e) => format!("a PEM section is not valid base64 ({e})"),
+        pem::Error::NoItemsFound => "nothing of the expected kind in it".to_string(),
+        e => e.to_string(),
+    }
+}
+
 /// Every certificate of a PEM file; `Err` when it holds none.
 fn certificates(file: FlagFile<'_>) -> Result<Vec<CertificateDer<'static>>, String> {
     let pem = read(file)?;
     let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: {e:?}", named(file)))?;
+        .map_err(|e| format!("{}: {}", named(file), pem_words(&e)))?;
     if chain.is_empty() {
         return Err(format!("{}: no certificate in it", named(file)));
     }
@@ -105,6 +125,22 @@ mod tests {
         assert!(
             e.contains("--tls-cert") && e.contains("no certificate"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_pem_file_is_described_in_words() {
+        let key = temp("key2.pem", "not a key");
+        let cut = temp("cut.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n");
+        let e = acceptor(("--tls-cert", &cut), ("--tls-key", &key), None)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "--tls-cert {}: its BEGIN CERTIFICATE section has no END CERTIFICATE line",
+                cut.display()
+            )
         );
     }
 }

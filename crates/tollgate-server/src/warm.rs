@@ -74,7 +74,18 @@ impl Warmer {
             return false;
         };
         let set = rules.current();
-        let both = async { tokio::join!(self.load(&set), workers) };
+        // The load's error, kept for the timeout's warning: a load that fails (Redis
+        // refused the connection) still waits for the workers, whose connections keep
+        // trying until the timeout.
+        let failed = Mutex::new(None::<String>);
+        let load = async {
+            let loaded = self.load(&set).await;
+            if let (Err(e), Ok(mut f)) = (&loaded, failed.lock()) {
+                *f = Some(e.to_string());
+            }
+            loaded
+        };
+        let both = async { tokio::join!(load, workers) };
         match tokio::time::timeout(self.timeout, both).await {
             Ok((Ok(loaded), connected)) => {
                 info!(
@@ -93,7 +104,15 @@ impl Warmer {
                 false
             }
             Err(_) => {
-                warn!(timeout = ?self.timeout, "Redis not warm within --redis-warm-up-timeout: serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background");
+                let cause = failed.lock().ok().and_then(|mut f| f.take());
+                match cause {
+                    Some(e) => {
+                        warn!(timeout = ?self.timeout, error = %e, "Redis not warm within --redis-warm-up-timeout: serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
+                    }
+                    None => {
+                        warn!(timeout = ?self.timeout, "Redis not warm within --redis-warm-up-timeout (no answer yet): serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
+                    }
+                }
                 self.retry_in_background();
                 false
             }

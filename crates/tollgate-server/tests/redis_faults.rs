@@ -99,10 +99,10 @@ async fn wait_until_redis_decides(client: &reqwest::Client, server: &str) {
 ///   circuit breaker answers at once).
 ///
 /// The budget leaves a whole deadline for scheduling: the test client, the debug-built
-/// server and Redis share two cores, and a CI machine is shared with others (one CI run
-/// saw the median 11.8 ms past a 20 ms deadline, and 21.5 ms past a 100 ms one, while
-/// these tests still ran beside the cluster and load tests). README gives the release
-/// build's figures.
+/// server and Redis share two cores, and a CI machine is shared with others (CI has seen
+/// the median more than half a short deadline past it while these tests still ran beside
+/// the cluster and load tests). docs/benchmarks.md, "Redis failing under load", gives the
+/// release build's figures.
 async fn assert_answered_in_time(
     server: &Server,
     times: &[Duration],

@@ -41,9 +41,9 @@ pub trait Clock: Send + Sync {
 ///
 /// Wall time (nanoseconds since the Unix epoch) is what epoch-aligned fixed windows
 /// need and what several Tollgate instances can agree on. Reading `CLOCK_REALTIME`
-/// costs about 40 ns on a virtual machine, more than a whole check, so this clock reads
-/// the CPU's time-stamp counter (through `quanta`, which falls back to the OS clock
-/// where the TSC is not usable) and adds it to a wall-clock reading taken at most
+/// can cost more than a whole check on a virtual machine (docs/benchmarks.md, Library),
+/// so this clock reads the CPU's time-stamp counter (through `quanta`, which falls back
+/// to the OS clock where the TSC is not usable) and adds it to a wall-clock reading taken at most
 /// 100 ms earlier. The counter's rate is calibrated once, and a busy virtual machine
 /// can get it wrong by a part in a thousand; re-anchoring every 100 ms keeps the clock
 /// within a fraction of a millisecond of the system clock, NTP adjustments included.

@@ -17,7 +17,7 @@
 //! `reset_after = ceil((tat - t) / limit)`; a rejection may retry after
 //! `ceil((tat + increment - tolerance) / limit) - now`.
 //!
-//! **Example** (`shared/cases/tollgate/02-gcra.yaml`). 10 per second, burst 5: five pass
+//! **Example** (`tests/cases/tollgate/02-gcra.yaml`). 10 per second, burst 5: five pass
 //! at once, then one every 100 ms.
 //! ```
 //! use std::time::Duration;

@@ -14,7 +14,7 @@
 //! **State.** 8 bytes per locked-out key (the end of the lockout), kept only while
 //! the lockout lasts; keys never rejected cost nothing.
 //!
-//! **Example** (`shared/cases/tollgate/06-lockout.yaml`). 5 login attempts per minute,
+//! **Example** (`tests/cases/tollgate/06-lockout.yaml`). 5 login attempts per minute,
 //! then 15 minutes locked out.
 //! ```
 //! use std::time::Duration;

@@ -6,7 +6,8 @@
 //! **State.** [`LogState`]: 48 bytes plus 16 bytes per logged instant still inside the
 //! window (requests at the same nanosecond share one entry); the queue's capacity grows
 //! by doubling from 4 entries, so a key costs at most about `48 + 32 × limit` bytes
-//! (measured: about 200 bytes for a key holding one entry, with the map's share). This is the one algorithm whose memory grows with
+//! (docs/benchmarks.md, Library, has what a key holding one entry takes, with the map's
+//! share). This is the one algorithm whose memory grows with
 //! the limit; prefer [`SlidingWindow`](super::SlidingWindow) for large limits.
 //!
 //! **Maths.** Drop entries with `at + window <= now`; with `used` the sum of the rest,
@@ -14,7 +15,7 @@
 //! oldest entries covering the excess have left: at `entry.at + window`.
 //! `reset_after` is the time until the newest entry leaves.
 //!
-//! **Example** (`shared/cases/tollgate/04-sliding-log.yaml`). 2 per minute: requests at
+//! **Example** (`tests/cases/tollgate/04-sliding-log.yaml`). 2 per minute: requests at
 //! 1 s and 30 s; at 50 s a third is rejected until 61 s; at 70 s one passes again.
 //! ```
 //! use std::time::Duration;

@@ -37,7 +37,7 @@
 //! to the aligned window's end; a rejection's `retry_after` is exact: the first instant at
 //! which, if nothing else is admitted, the same request passes.
 //!
-//! **Example** (`shared/cases/tollgate/03-sliding-window.yaml`). 7 per minute, 5 in the
+//! **Example** (`tests/cases/tollgate/03-sliding-window.yaml`). 7 per minute, 5 in the
 //! previous minute, 3 so far in this one: 18 s in (30 % of the way), the estimate is
 //! `3 + floor(5 × 0.7) = 6`, so one more passes (the rolling minute then holds 9, within
 //! the margin) and the next does not.

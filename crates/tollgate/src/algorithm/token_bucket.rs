@@ -15,7 +15,7 @@
 //! `full_at = now + (capacity - (tokens - need)) / limit`. `remaining = floor(tokens / window)`
 //! after the charge; a rejection may retry after `ceil((need - tokens) / limit)`.
 //!
-//! **Example** (`shared/cases/tollgate/01-token-bucket.yaml`). 10 per second, burst 20:
+//! **Example** (`tests/cases/tollgate/01-token-bucket.yaml`). 10 per second, burst 20:
 //! 20 pass at once, then 100 ms later exactly one more.
 //! ```
 //! use std::time::Duration;

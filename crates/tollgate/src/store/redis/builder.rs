@@ -101,9 +101,10 @@ impl RedisStoreBuilder {
 
     /// Whether to call the scripts as Redis Functions (`FCALL`, Redis 7 and later;
     /// default true). A function library defines the scripts' code once, when it is
-    /// loaded, where `EVALSHA` runs the whole script on every call: about 35,000 to
-    /// 40,000 Redis instructions less per call (`tools/bench-lua.sh`). Where Redis has no functions
-    /// (6.x) or its ACL forbids `FCALL` or `FUNCTION LOAD`, the store notices on the
+    /// loaded, where `EVALSHA` runs the whole script, definitions included, on every
+    /// call: a request alone in its call costs Redis about two thirds as much
+    /// (docs/benchmarks.md, "Redis Functions"). Where Redis has no functions (6.x) or its
+    /// ACL forbids `FCALL` or `FUNCTION LOAD`, the store notices on the
     /// first call, logs it once and uses `EVALSHA` from then on. False: always `EVALSHA`.
     pub fn functions(mut self, on: bool) -> Self {
         self.functions = on;

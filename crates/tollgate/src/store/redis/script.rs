@@ -207,8 +207,26 @@ pub(crate) struct Encoded {
 
 /// Why a limit cannot be run by the scripts.
 #[derive(Debug, thiserror::Error)]
-#[error("limit {0:?} is out of the Redis scripts' exact range (window, (2 x burst + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)")]
+#[error("the limit {} is out of the Redis scripts' exact range (window, (2 x burst + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)", describe(.0))]
 pub(crate) struct OutOfRange(pub Algorithm);
+
+/// A limit in words, as a rule file would say it: "gcra, 10 per 3600 s, burst 20".
+fn describe(a: &Algorithm) -> String {
+    let window = a.window();
+    let window = if window % 1_000_000_000 == 0 {
+        format!("{} s", window / 1_000_000_000)
+    } else {
+        format!("{window} ns")
+    };
+    let burst = match a {
+        Algorithm::TokenBucket(t) => Some(t.burst),
+        Algorithm::Gcra(g) => Some(g.burst),
+        Algorithm::LeakyBucket(l) => Some(l.burst),
+        _ => None,
+    };
+    let burst = burst.map_or_else(String::new, |b| format!(", burst {b}"));
+    format!("{}, {} per {window}{burst}", a.name(), a.limit())
+}
 
 impl Encoded {
     /// Encodes a limit, choosing the finest tick (1 ns, then 1 us, 1 ms, 1 s) at which
@@ -517,7 +535,13 @@ mod tests {
             Duration::from_secs(365 * 86_400),
         )))
         .unwrap();
-        assert!(Encoded::new(&huge).is_err(), "beyond even 1 s ticks");
+        let err = Encoded::new(&huge).expect_err("beyond even 1 s ticks");
+        assert!(
+            err.to_string().starts_with(
+                "the limit gcra, 4000000007 per 31536000 s, burst 4000000007 is out of"
+            ),
+            "{err}"
+        );
         // A prime per year: too big for 1 ms ticks, fine at 1 s.
         let yearly = Limit::new(Algorithm::Gcra(Gcra::new(
             1_000_003,

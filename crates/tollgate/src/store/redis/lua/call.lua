@@ -3,7 +3,7 @@
 -- endian bytes: which of the arguments that follow is the request's, 0 for the first,
 -- plus 32768 when a key of the request is a key of an earlier request: see PRE below),
 -- then each distinct request once (requests of the same bytes share one, as requests of
--- one limit and cost under Redis TIME do: Redis spends about 2,000 instructions per
+-- one limit and cost under Redis TIME do: docs/benchmarks.md, Redis, has Redis's cost per
 -- argument):
 -- little-endian doubles (exact integers), packed so that the script reads them with one
 -- struct.unpack instead of a slow tonumber each: time mode (0: Redis TIME, read once
@@ -27,22 +27,21 @@
 -- failed on this request), remaining, reset_after, retry_after (-1: never) and delay; or,
 -- for a check admitted with no retry and no delay (most answers), just remaining (never
 -- negative) and reset_after. (Redis turned each integer of a table into its reply for
--- about 1,000 instructions; one struct.pack per check and a table.concat cost less:
--- tools/bench-lua.sh, 29,600 -> 28,100 per decision; the numbers of every check kept
--- in one table and packed once at the end cost less again: 18,821 -> 18,440 for a
--- fixed window of an hour. The short form saves about 1,400 per admitted check.)
+-- more than packing it as a double costs, and packing every check's numbers once at
+-- the end costs less than a struct.pack per check; the short form saves packing three
+-- numbers per admitted check: docs/benchmarks.md, Redis.)
 -- All or nothing, as the in-memory store: if a check not in shadow mode is rejected,
 -- every charge made by its request is taken back (lockouts stay), and the request's
 -- admitted checks are decided again without charging.
 -- A request of one check without lockout, not already rejected (most requests), goes
 -- to its algorithm's ALONE function when it has one: the same decision and the same
 -- state written, without the check table, the undo log and the calls between
--- (tools/bench-lua.sh when ALONE came: 67,000-74,000 instructions of Redis per decision
--- on the general path, 32,000-56,000 on ALONE; now 24,100-50,200 on ALONE, where a
--- script doing nothing but GET and SET ... PX, called and answering the same way,
--- costs 29,300). The sliding log has no ALONE. Under Redis TIME the requests of one
--- limit and cost are the same argument, so a lone request's unpacked arguments are kept
--- for the rest of the call (LONE below; 32,900 -> 29,600 per decision).
+-- (which cost Redis more than the two commands: with them a decision cost about twice
+-- what it does on ALONE, and ALONE costs about what a script doing nothing but GET and
+-- SET ... PX does; docs/benchmarks.md, Redis). The sliding log has no ALONE. Under Redis
+-- TIME the requests of one limit and cost are the same argument, so a lone request's
+-- unpacked arguments are kept for the rest of the call (LONE below), which saves
+-- unpacking them again for each request.
 
 -- The code run on every call (under EVAL the whole chunk runs per call; under Redis
 -- Functions this is the registered function's body, and what is above it was made once
@@ -58,8 +57,8 @@ local TIME_S, TIME_N
 local RECEIPT = false
 
 -- Every key's value, read with one MGET before the first request when the call holds
--- more than one request (a GET per lone check cost Redis about 2,900 instructions; a
--- key more in an MGET about 200). MGET answers false for a key that is missing or holds
+-- more than one request (a GET per lone check costs Redis much more than a key more in
+-- an MGET: docs/benchmarks.md, Redis). MGET answers false for a key that is missing or holds
 -- another type; the fast paths write such a key only if it is still missing (SET NX),
 -- so someone else's value is never overwritten. A request whose index entry has its
 -- top bit set shares a key with an earlier request, whose write the value read here

@@ -54,7 +54,7 @@ end
 -- state read before the first request (see PRE in call.lua; false: none), or nil when it
 -- was not read. The check's numbers are the function's upvalues, so a batch of requests
 -- of one limit makes it once and calls it with two arguments per request, instead of
--- thirteen read from a table (tools/bench-lua.sh: about 960 instructions per decision).
+-- thirteen read from a table, which costs Redis more (docs/benchmarks.md, Redis).
 ALONE[1] = function(tick, limit, w, _, _, _, cost, _, ns, nn, tps)
   return function(key, raw)
     if raw == nil then raw = CALL('GET', key) end

@@ -10,8 +10,7 @@
 local NEVER = -1
 -- redis.call, struct.pack and struct.unpack, set by call.lua at the start of every call
 -- (they may not be read here, see above): an upvalue is read for a few instructions,
--- where a global's field costs Redis two table lookups (tools/bench-lua.sh: about 840
--- instructions per decision).
+-- where a global's field costs Redis two table lookups (docs/benchmarks.md, Redis).
 local CALL, PACK, UNPACK
 local TWO53 = 9007199254740992
 -- Where charges past the limit stop counting (algorithm/fixed_window.rs CHARGED_MAX).
@@ -63,8 +62,8 @@ local function divmod(a, b)
 end
 
 -- floor(a / b) and ceil(a / b): divmod written out, as these two are called several
--- times per decision and a Lua call costs Redis about 440 instructions
--- (tools/bench-lua.sh, token bucket: 34,300 -> 32,500 per decision).
+-- times per decision and a Lua call costs Redis more than the division it makes
+-- (docs/benchmarks.md, Redis).
 local function fdiv(a, b)
   local x = a / b
   local q = x - x % 1
@@ -210,16 +209,16 @@ end
 
 -- A lone check's state: `raw` as read before the first request (MGET, see PRE in
 -- driver.lua; false: none), or, when that was not read (nil), GET now. Written out in
--- each fast path, as are the writes below: a Lua call costs Redis hundreds of
--- instructions (tools/bench-lua.sh).
+-- each fast path, as are the writes below: a call to a helper function would cost
+-- Redis more than writing it out (docs/benchmarks.md, Redis).
 --   if raw == nil then raw = CALL('GET', key) end
 
 -- Writes a lone check's new state (TTL `ms`, text) where no state was read (raw
 -- false): only if the key is still missing (NX). MGET answers false for a key holding
 -- another type too, and such a key is someone else's: the request fails (as GET's
 -- WRONGTYPE makes it fail) rather than overwrite it. Where a state was read, the fast
--- paths SET ... PX it, or where its TTL stays, SETRANGE it in place (about 2,000
--- Redis instructions less than SET ... KEEPTTL).
+-- paths SET ... PX it, or where its TTL stays, SETRANGE it in place (cheaper for Redis
+-- than SET ... KEEPTTL, which makes a new value: docs/benchmarks.md, Redis).
 local function lone_create(key, state, ms)
   if not CALL('SET', key, state, 'PX', ms, 'NX') then
     error('tollgate: ' .. key .. ' holds a value that is not a Tollgate state')

@@ -11,8 +11,9 @@
 -- instant it expires, as every state does (undo_all reads the TTL from there).
 -- Only the slots a decision needs are read (struct.unpack at their offset) and only the
 -- newest is written (the rest is carried over as bytes): packing and unpacking the 66
--- numbers of every slot cost Redis about 200,000 instructions per decision
--- (tools/bench-lua.sh). The bound (see the Rust) is the sum minus the sub-windows that
+-- numbers of every slot cost Redis several times what the rest of the decision does
+-- (docs/benchmarks.md, "What the sliding window's bound costs Redis").
+-- The bound (see the Rust) is the sum minus the sub-windows that
 -- have left the window, which are the oldest slots: a decision reads from the oldest
 -- until the first one still in the window. A charge within the same window and
 -- sub-window, which leaves the instant the state expires where it was, rewrites only the
@@ -106,8 +107,8 @@ local function sw_read(c, raw)
     return st
   end
   local es, en, fs, fn, ns, nn, prev, cur, total, oldest = UNPACK(SW_HEAD, raw)
-  -- since(c, s, ticks_of(c, n)), written out: a Lua call costs Redis about 440
-  -- instructions.
+  -- since(c, s, ticks_of(c, n)), written out: a Lua call costs Redis more than this
+  -- arithmetic (docs/benchmarks.md, Redis).
   local tick, tps, cs, cn = c.tick, c.tps, c.ns, c.nn
   local x = en / tick
   st.exp = (es - cs) * tps + ((x - x % 1) - cn)
