@@ -23,7 +23,7 @@ use crate::app::{
     InvalidRules,
 };
 use crate::cli::ProxyArgs;
-use crate::conn::BodyLimits;
+use crate::conn::{BodyLimits, Gate};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
@@ -202,7 +202,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
         None => {}
     }
-    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
+    let gate = |name| Gate::new(name, max_connections, service.metrics.listener(name));
     // The admin endpoints: on this runtime, through the same acceptor and limits.
     let admin = admin.map(|listener| {
         let router = admin_router(Arc::clone(&service), &admin_access);
