@@ -14,7 +14,6 @@ mod metrics;
 mod proxy;
 mod service;
 mod store;
-mod throttle;
 mod tls;
 mod validate;
 mod warm;

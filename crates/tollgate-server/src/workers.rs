@@ -30,8 +30,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
+use tollgate::throttle::Throttle;
+
 use crate::conn::{watchdog, Activity, BodyLimits, Close, Slot, Timeouts, Tracked, Watched};
-use crate::throttle::Throttle;
 // `app.rs` takes the gate from here, with the workers.
 pub(crate) use crate::conn::Gate;
 
@@ -265,7 +266,7 @@ pub(crate) async fn distribute(
             Some(slot) => slot,
             None => {
                 gate.metrics().capped.inc();
-                if let Some(times) = full.hit(Instant::now()) {
+                if let Some(times) = full.hit(Instant::now().into_std()) {
                     warn!(
                         listener = gate.name(),
                         times, "at the connection cap (--max-connections): not accepting until a connection closes"
@@ -289,7 +290,7 @@ pub(crate) async fn distribute(
                 Err(e) if client_gone(&e) => continue,
                 Err(e) => {
                     gate.metrics().accept_errors.inc();
-                    if let Some(failures) = failures.hit(Instant::now()) {
+                    if let Some(failures) = failures.hit(Instant::now().into_std()) {
                         error!(listener = gate.name(), failures, "accept failed: {e}; retrying in {backoff:?} and less often while it fails");
                     }
                     tokio::select! {

@@ -51,9 +51,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
+use tollgate::throttle::Throttle;
 
 use super::headers;
-use crate::throttle::Throttle;
 
 /// At most one failure warning per upstream this often, with the number of failures it
 /// stands for.
@@ -196,7 +196,7 @@ impl Upstream {
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(upstream = %inner.authority, error = %detail, failures, "cannot forward request");
                 }
                 return problem(StatusCode::BAD_GATEWAY, &detail);
@@ -241,7 +241,7 @@ impl Upstream {
                         ),
                     )
                 };
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = status.as_u16(),
@@ -257,7 +257,7 @@ impl Upstream {
                     "upstream {} sent no response within {:?}",
                     inner.authority, inner.settings.response_timeout
                 );
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = 504,
