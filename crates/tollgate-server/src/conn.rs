@@ -131,7 +131,13 @@ enum BodyError {
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BodyError::Stalled(after) => write!(f, "the request body sent nothing for {after:?}"),
+            BodyError::Stalled(after) => {
+                write!(
+                    f,
+                    "the request body sent nothing for {}",
+                    crate::HumanDuration(*after)
+                )
+            }
             BodyError::OverBudget => f.write_str(LISTENER_FULL),
             BodyError::ConnectionOverBudget => f.write_str(CONNECTION_FULL),
         }

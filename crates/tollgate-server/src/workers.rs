@@ -107,7 +107,7 @@ pub(crate) async fn drain(timeout: Duration, tasks: Vec<JoinHandle<()>>, done: D
             ExitCode::SUCCESS
         }
         Ok(failed) => {
-            error!(errors = ?failed, "a worker failed");
+            error!(errors = %failed.join("; "), "a worker failed");
             ExitCode::FAILURE
         }
         Err(_) => {
@@ -291,7 +291,8 @@ pub(crate) async fn distribute(
                 Err(e) => {
                     gate.metrics().accept_errors.inc();
                     if let Some(failures) = failures.hit(Instant::now().into_std()) {
-                        error!(listener = gate.name(), failures, "accept failed: {e}; retrying in {backoff:?} and less often while it fails");
+                        let pause = crate::HumanDuration(backoff);
+                        error!(listener = gate.name(), failures, "accept failed: {e}; retrying in {pause} and less often while it fails");
                     }
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}

@@ -217,8 +217,9 @@ impl Upstream {
                         (
                             StatusCode::GATEWAY_TIMEOUT,
                             format!(
-                                "connecting to upstream {} timed out after {:?}",
-                                inner.authority, inner.settings.connect_timeout
+                                "connecting to upstream {} timed out after {}",
+                                inner.authority,
+                                crate::HumanDuration(inner.settings.connect_timeout)
                             ),
                         )
                     } else if has_io_kind(&err, io::ErrorKind::ConnectionRefused) {
@@ -254,8 +255,9 @@ impl Upstream {
             }
             Err(_elapsed) => {
                 let detail = format!(
-                    "upstream {} sent no response within {:?}",
-                    inner.authority, inner.settings.response_timeout
+                    "upstream {} sent no response within {}",
+                    inner.authority,
+                    crate::HumanDuration(inner.settings.response_timeout)
                 );
                 if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(

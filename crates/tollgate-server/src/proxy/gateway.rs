@@ -220,7 +220,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     service.set_ready(true);
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = %admin_addr.map_or_else(|| "off".to_string(), |a| a.to_string()), upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
-    info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
+    info!(timeout = %crate::HumanDuration(args.common.drain_timeout), "draining: finishing in-flight requests");
     service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
