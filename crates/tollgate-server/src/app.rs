@@ -344,7 +344,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
         .then(|| tokio::spawn(follow_rules(Arc::clone(&service), stop_rx.clone())));
-    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
+    let gate = |name| conn::Gate::new(name, max_connections, service.metrics.listener(name));
     let admin = admin_listener.map(|listener| {
         let router = api::admin_router(Arc::clone(&service), &admin_access);
         serve_admin(listener, router, stop_rx.clone(), gate("admin"), timeouts)
@@ -373,7 +373,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     info!(admin = %admin_addr.map_or_else(|| "the HTTP listener".to_owned(), |a| a.to_string()), admin_token = admin_access.token_required(), metrics_require_token = args.common.admin.metrics_require_token, "admin endpoints");
 
     shutdown_signal().await;
-    info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight calls");
+    info!(timeout = %crate::HumanDuration(args.common.drain_timeout), "draining: finishing in-flight calls");
     service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
@@ -532,7 +532,7 @@ pub(crate) fn serve_admin(
     listener: TcpListener,
     router: axum::Router,
     stop: watch::Receiver<bool>,
-    gate: workers::Gate,
+    gate: conn::Gate,
     timeouts: Timeouts,
 ) -> [JoinHandle<()>; 2] {
     let (senders, mut receivers) = workers::channels(1);

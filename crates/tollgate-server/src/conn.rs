@@ -1,5 +1,7 @@
-//! What one connection may hold, and for how long: the timeouts and budgets that
-//! [`crate::workers`] puts around every accepted connection.
+//! What one connection may hold, and for how long: the timeouts and budgets that the
+//! listeners' worker threads (`workers.rs`, which builds on this module, never the
+//! other way) put around every accepted connection, and the cap on how many a listener
+//! holds at once ([`Gate`], [`Slot`]).
 //!
 //! - HTTP listeners (hyper): [`Activity`] follows a connection's requests ([`Tracked`]
 //!   counts each service call; [`Outbound`] notes each response frame sent), and its
@@ -39,9 +41,10 @@ use tonic::transport::server::Connected;
 use tower::util::Oneshot;
 use tower::ServiceExt;
 
-use crate::workers::Slot;
-
+mod gate;
 pub(crate) mod grpc_bodies;
+
+pub(crate) use gate::{Gate, Slot};
 
 /// A body error, boxed as hyper and axum take them.
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -128,7 +131,13 @@ enum BodyError {
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BodyError::Stalled(after) => write!(f, "the request body sent nothing for {after:?}"),
+            BodyError::Stalled(after) => {
+                write!(
+                    f,
+                    "the request body sent nothing for {}",
+                    crate::HumanDuration(*after)
+                )
+            }
             BodyError::OverBudget => f.write_str(LISTENER_FULL),
             BodyError::ConnectionOverBudget => f.write_str(CONNECTION_FULL),
         }
@@ -556,9 +565,9 @@ const PREFACE_LEN: usize = 24;
 /// connection closes, and fails the connection (a read error, `TimedOut`) when the
 /// client has not sent [`PREFACE_LEN`] bytes within the header-read timeout of the
 /// accept, or later sends nothing at all for the idle timeout. tonic PINGs a quiet
-/// client more often than that ([`crate::workers::grpc_keepalive`]), so a client that is
-/// there always answers in time, however long it makes no call. It carries the
-/// connection's budget of request bytes ([`grpc_bodies::GrpcConnectInfo`]).
+/// client more often than that (the listener's keepalive, `workers::grpc_keepalive`),
+/// so a client that is there always answers in time, however long it makes no call. It
+/// carries the connection's budget of request bytes ([`grpc_bodies::GrpcConnectInfo`]).
 pub(crate) struct Watched {
     io: TcpStream,
     _slot: Slot,

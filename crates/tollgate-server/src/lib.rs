@@ -14,7 +14,6 @@ mod metrics;
 mod proxy;
 mod service;
 mod store;
-mod throttle;
 mod tls;
 mod validate;
 mod warm;
@@ -143,6 +142,38 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// A duration for logs and messages people read, in the units the flags take: `30s`,
+/// `1.5s`, `500ms`, `2.25ms`, `800µs` (to the millisecond above a second, the
+/// microsecond below). What `Debug` prints for whole values, without its nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HumanDuration(pub std::time::Duration);
+
+impl std::fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        /// `whole`, then `part` thousandths without trailing zeros, then `unit`.
+        fn write(
+            f: &mut std::fmt::Formatter<'_>,
+            whole: u128,
+            part: u32,
+            unit: &str,
+        ) -> std::fmt::Result {
+            if part == 0 {
+                return write!(f, "{whole}{unit}");
+            }
+            let part = format!("{part:03}");
+            write!(f, "{whole}.{}{unit}", part.trim_end_matches('0'))
+        }
+        let d = self.0;
+        if d.as_secs() > 0 {
+            write(f, u128::from(d.as_secs()), d.subsec_millis(), "s")
+        } else if d.as_millis() > 0 {
+            write(f, d.as_millis(), d.subsec_micros() % 1_000, "ms")
+        } else {
+            write!(f, "{}µs", d.as_micros())
+        }
+    }
+}
+
 /// The flags of every `tollgate` command as Markdown tables (flag, variable, default,
 /// meaning), from the same definitions the commands parse: the flags part of
 /// docs/configuration.md, which a test holds to this.
@@ -188,4 +219,32 @@ pub fn flags_reference() -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::HumanDuration;
+
+    #[test]
+    fn durations_are_shown_in_the_flags_units() {
+        let shown = |d: Duration| HumanDuration(d).to_string();
+        // Whole values as `Debug` has them (and as the flags take them).
+        for d in [
+            Duration::from_secs(30),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            Duration::from_millis(10),
+            Duration::from_micros(800),
+        ] {
+            assert_eq!(shown(d), format!("{d:?}"));
+        }
+        // Fractions to the millisecond above a second, the microsecond below.
+        assert_eq!(shown(Duration::from_millis(1_500)), "1.5s");
+        assert_eq!(shown(Duration::from_nanos(1_234_567_891)), "1.234s");
+        assert_eq!(shown(Duration::from_nanos(2_250_400)), "2.25ms");
+        assert_eq!(shown(Duration::from_nanos(12_345_678)), "12.345ms");
+        assert_eq!(shown(Duration::ZERO), "0µs");
+    }
 }

@@ -93,7 +93,7 @@ impl Warmer {
                     loaded_now = loaded.new,
                     functions = loaded.functions,
                     worker_connections = connected,
-                    elapsed = ?started.elapsed(),
+                    elapsed = %crate::HumanDuration(started.elapsed()),
                     "Redis warm: connections made and scripts loaded"
                 );
                 true
@@ -105,12 +105,13 @@ impl Warmer {
             }
             Err(_) => {
                 let cause = failed.lock().ok().and_then(|mut f| f.take());
+                let timeout = crate::HumanDuration(self.timeout);
                 match cause {
                     Some(e) => {
-                        warn!(timeout = ?self.timeout, error = %e, "Redis not warm within --redis-warm-up-timeout: serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
+                        warn!(timeout = %timeout, error = %e, "Redis not warm within --redis-warm-up-timeout: serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
                     }
                     None => {
-                        warn!(timeout = ?self.timeout, "Redis not warm within --redis-warm-up-timeout (no answer yet): serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
+                        warn!(timeout = %timeout, "Redis not warm within --redis-warm-up-timeout (no answer yet): serving anyway (each rule's failure_mode answers while Redis is unreachable); warming up in the background")
                     }
                 }
                 self.retry_in_background();
@@ -141,7 +142,7 @@ impl Warmer {
                 self.defer(sets);
             }
             Err(_) => {
-                warn!(timeout = ?self.timeout, "the new rules' scripts not loaded into Redis within --redis-warm-up-timeout; swapping them in, loading in the background");
+                warn!(timeout = %crate::HumanDuration(self.timeout), "the new rules' scripts not loaded into Redis within --redis-warm-up-timeout; swapping them in, loading in the background");
                 self.defer(sets);
             }
         }

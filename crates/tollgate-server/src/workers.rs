@@ -23,17 +23,18 @@ use http::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
-use crate::conn::{watchdog, Activity, BodyLimits, Close, Timeouts, Tracked, Watched};
-use crate::metrics::ListenerMetrics;
-use crate::throttle::Throttle;
+use tollgate::throttle::Throttle;
+
+use crate::conn::{watchdog, Activity, BodyLimits, Close, Slot, Timeouts, Tracked, Watched};
+// `app.rs` takes the gate from here, with the workers.
+use crate::conn::Gate;
 
 /// A connection as `grpc::native::serve` takes it: the socket and the client's address.
 pub(crate) type Accepted = (std::net::TcpStream, SocketAddr);
@@ -106,7 +107,7 @@ pub(crate) async fn drain(timeout: Duration, tasks: Vec<JoinHandle<()>>, done: D
             ExitCode::SUCCESS
         }
         Ok(failed) => {
-            error!(errors = ?failed, "a worker failed");
+            error!(errors = %failed.join("; "), "a worker failed");
             ExitCode::FAILURE
         }
         Err(_) => {
@@ -217,62 +218,6 @@ pub(crate) fn max_connections(requested: Option<u32>, fds_per_connection: u64) -
     cap
 }
 
-/// A listener's cap on the connections it holds open, and its metrics: one per
-/// listening address, shared by its acceptor and (through each [`Slot`]) its workers.
-#[derive(Clone)]
-pub(crate) struct Gate {
-    /// The listener's name in logs and metrics (`grpc`, `http`, `proxy`, `admin`).
-    name: &'static str,
-    slots: Arc<Semaphore>,
-    metrics: ListenerMetrics,
-}
-
-impl Gate {
-    /// A cap of `max` connections on the listener `name`, counted in `metrics`.
-    pub(crate) fn new(name: &'static str, max: usize, metrics: ListenerMetrics) -> Self {
-        Self {
-            name,
-            slots: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
-            metrics,
-        }
-    }
-
-    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
-        self.metrics.open.inc();
-        Slot {
-            _permit: permit,
-            open: self.metrics.open.clone(),
-        }
-    }
-
-    /// A free slot now, if any.
-    fn try_slot(&self) -> Option<Slot> {
-        Arc::clone(&self.slots)
-            .try_acquire_owned()
-            .ok()
-            .map(|p| self.slot(p))
-    }
-
-    /// The next free slot.
-    async fn next_slot(&self) -> Option<Slot> {
-        let permit = Arc::clone(&self.slots).acquire_owned().await.ok()?;
-        Some(self.slot(permit))
-    }
-}
-
-/// One connection's place under its listener's cap (and in the `tollgate_connections`
-/// gauge), given back when dropped, with the connection.
-pub(crate) struct Slot {
-    _permit: OwnedSemaphorePermit,
-    open: Gauge,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.open.dec();
-    }
-}
-
 /// The first pause after an `accept` failure that is not the client's (out of file
 /// descriptors, say); each failure in a row doubles it, up to [`ACCEPT_BACKOFF_MAX`].
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -320,10 +265,10 @@ pub(crate) async fn distribute(
         let slot = match gate.try_slot() {
             Some(slot) => slot,
             None => {
-                gate.metrics.capped.inc();
-                if let Some(times) = full.hit(Instant::now()) {
+                gate.metrics().capped.inc();
+                if let Some(times) = full.hit(Instant::now().into_std()) {
                     warn!(
-                        listener = gate.name,
+                        listener = gate.name(),
                         times, "at the connection cap (--max-connections): not accepting until a connection closes"
                     );
                 }
@@ -344,9 +289,10 @@ pub(crate) async fn distribute(
                 }
                 Err(e) if client_gone(&e) => continue,
                 Err(e) => {
-                    gate.metrics.accept_errors.inc();
-                    if let Some(failures) = failures.hit(Instant::now()) {
-                        error!(listener = gate.name, failures, "accept failed: {e}; retrying in {backoff:?} and less often while it fails");
+                    gate.metrics().accept_errors.inc();
+                    if let Some(failures) = failures.hit(Instant::now().into_std()) {
+                        let pause = crate::HumanDuration(backoff);
+                        error!(listener = gate.name(), failures, "accept failed: {e}; retrying in {pause} and less often while it fails");
                     }
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
@@ -591,6 +537,7 @@ async fn watch_connection<C>(
 mod tests {
     use super::*;
     use crate::conn::BodyBudget;
+    use crate::metrics::ListenerMetrics;
     use axum::extract::ConnectInfo;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -938,6 +885,6 @@ mod tests {
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
         // The slots came back as the connections were dropped.
         drop(server);
-        assert_eq!(gate.slots.available_permits(), 10);
+        assert_eq!(gate.available(), 10);
     }
 }

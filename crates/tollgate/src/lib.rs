@@ -34,6 +34,9 @@
 //! - [`rules`]: Envoy-format rule files, validation, matching, hot reload.
 //! - [`store`]: the [`Store`](store::Store) trait (atomic, all-or-nothing per request)
 //!   and the in-memory [`MemoryStore`](store::MemoryStore).
+//! - [`throttle`]: [`Throttle`](throttle::Throttle), a repeating log line written at most
+//!   once per interval with its count (the store's failures here, the server's accept
+//!   and upstream failures).
 //!
 //! `docs/ARCHITECTURE.md` in the repository explains how the pieces fit.
 
@@ -48,5 +51,6 @@ pub mod inflight;
 pub mod limiter;
 pub mod rules;
 pub mod store;
+pub mod throttle;
 
 pub use decision::Decision;

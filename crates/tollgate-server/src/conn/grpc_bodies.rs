@@ -1,7 +1,7 @@
 //! The tonic transport's request messages, held to the native transport's budgets: at
 //! most [`PER_CONNECTION`] bytes of unfinished request messages per connection, and
 //! [`TOTAL`] for all the process's tonic connections together
-//! (`grpc::native::MAX_BUFFERED` and `MAX_BUFFERED_TOTAL`). A call whose message would
+//! (`grpc::limits::MAX_BUFFERED` and `MAX_BUFFERED_TOTAL`). A call whose message would
 //! take either past its limit is answered `RESOURCE_EXHAUSTED` (its stream is then
 //! reset), and the other calls go on.
 //!
@@ -30,14 +30,14 @@ use tonic::body::Body;
 use tonic::Status;
 
 use super::BodyBudget;
-use crate::grpc::native;
+use crate::grpc::limits;
 
 /// Bytes of unfinished request messages a tonic connection may hold: one message of
-/// the largest size and room for others (`grpc::native::MAX_BUFFERED`).
-pub(crate) const PER_CONNECTION: usize = native::MAX_BUFFERED;
+/// the largest size and room for others (`grpc::limits::MAX_BUFFERED`).
+pub(crate) const PER_CONNECTION: usize = limits::MAX_BUFFERED;
 /// Bytes of unfinished request messages all tonic connections may hold together
-/// (`grpc::native::MAX_BUFFERED_TOTAL`).
-pub(crate) const TOTAL: usize = native::MAX_BUFFERED_TOTAL;
+/// (`grpc::limits::MAX_BUFFERED_TOTAL`).
+pub(crate) const TOTAL: usize = limits::MAX_BUFFERED_TOTAL;
 /// The largest request message tonic takes (its `max_decoding_message_size`, the
 /// native transport's `max_message`): a longer declared length is refused by tonic
 /// (`OUT_OF_RANGE`) before it reserves anything, so it is charged no more than this.
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_largest_message_is_the_native_transports() {
-        assert_eq!(MAX_MESSAGE, native::settings().max_message);
+        assert_eq!(MAX_MESSAGE, crate::grpc::native::settings().max_message);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod decode;
 pub mod encode;
 pub mod health;
+pub mod limits;
 pub mod metadata;
 pub mod native;
 pub mod rls;

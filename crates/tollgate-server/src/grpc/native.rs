@@ -82,9 +82,7 @@ pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 /// each call handed out until it is answered, even when the client has reset it: the
 /// calls in flight on a connection are at most this many.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
-/// Request bytes of unfinished calls held per connection: one message of the largest
-/// size (4 MiB, gRPC's default) and room for others.
-pub const MAX_BUFFERED: usize = (4 << 20) + (64 << 10);
+pub use super::limits::{MAX_BUFFERED, MAX_BUFFERED_TOTAL};
 /// SETTINGS, PING, empty DATA and CONTINUATION frames a connection may send: 1,000 at
 /// once, then 100 a second; past that, GOAWAY `ENHANCE_YOUR_CALM`.
 pub const CONTROL_FRAMES: Budget = Budget {
@@ -103,10 +101,6 @@ pub const PREMATURE_RESETS: Budget = Budget {
 /// Streams whose request has not ended, on all native gRPC connections together (about
 /// 200 bytes each); past it, new ones are refused (`REFUSED_STREAM`).
 pub const MAX_UNFINISHED_STREAMS_TOTAL: usize = 65_536;
-/// Request bytes of unfinished calls held by all native gRPC connections together;
-/// past it, a stream that would hold more is answered `RESOURCE_EXHAUSTED`. A message
-/// that arrives whole in one read (every rate limit request) never counts.
-pub const MAX_BUFFERED_TOTAL: usize = 256 << 20;
 
 /// The limits all native gRPC connections of the process share.
 fn shared_limits() -> Arc<SharedLimits> {

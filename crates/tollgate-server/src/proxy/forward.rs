@@ -51,9 +51,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
+use tollgate::throttle::Throttle;
 
 use super::headers;
-use crate::throttle::Throttle;
 
 /// At most one failure warning per upstream this often, with the number of failures it
 /// stands for.
@@ -197,7 +197,7 @@ impl Upstream {
         let req = match inner.prepare(req) {
             Ok(req) => req,
             Err(detail) => {
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(upstream = %inner.authority, error = %detail, failures, "cannot forward request");
                 }
                 return problem(StatusCode::BAD_GATEWAY, &detail);
@@ -218,8 +218,9 @@ impl Upstream {
                         (
                             StatusCode::GATEWAY_TIMEOUT,
                             format!(
-                                "connecting to upstream {} timed out after {:?}",
-                                inner.authority, inner.settings.connect_timeout
+                                "connecting to upstream {} timed out after {}",
+                                inner.authority,
+                                crate::HumanDuration(inner.settings.connect_timeout)
                             ),
                         )
                     } else if has_io_kind(&err, io::ErrorKind::ConnectionRefused) {
@@ -242,7 +243,7 @@ impl Upstream {
                         ),
                     )
                 };
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = status.as_u16(),
@@ -255,10 +256,11 @@ impl Upstream {
             }
             Err(_elapsed) => {
                 let detail = format!(
-                    "upstream {} sent no response within {:?}",
-                    inner.authority, inner.settings.response_timeout
+                    "upstream {} sent no response within {}",
+                    inner.authority,
+                    crate::HumanDuration(inner.settings.response_timeout)
                 );
-                if let Some(failures) = inner.log.hit(Instant::now()) {
+                if let Some(failures) = inner.log.hit(Instant::now().into_std()) {
                     tracing::warn!(
                         upstream = %inner.authority,
                         status = 504,

@@ -23,7 +23,7 @@ use crate::app::{
     InvalidRules,
 };
 use crate::cli::ProxyArgs;
-use crate::conn::BodyLimits;
+use crate::conn::{BodyLimits, Gate};
 use crate::metrics::Metrics;
 use crate::service::Service;
 use crate::warm::{self, Warmer};
@@ -204,7 +204,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         }
         None => {}
     }
-    let gate = |name| workers::Gate::new(name, max_connections, service.metrics.listener(name));
+    let gate = |name| Gate::new(name, max_connections, service.metrics.listener(name));
     // The admin endpoints: on this runtime, through the same acceptor and limits.
     let admin = admin.map(|listener| {
         let router = admin_router(Arc::clone(&service), &admin_access);
@@ -222,7 +222,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     service.set_ready(true);
     info!(listen = %addr, tls = tls.is_some(), mutual_tls = args.tls.tls_client_ca.is_some(), admin = %admin_addr.map_or_else(|| "off".to_string(), |a| a.to_string()), upstream = %upstream.authority(), store = store_name, workers = count, "tollgate proxy serving");
     shutdown_signal().await;
-    info!(timeout = ?args.common.drain_timeout, "draining: finishing in-flight requests");
+    info!(timeout = %crate::HumanDuration(args.common.drain_timeout), "draining: finishing in-flight requests");
     service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();

@@ -2,12 +2,15 @@
 //! `fail_closed`, or the local fallback store), and the failure logged without
 //! flooding.
 
+use std::time::{Duration, Instant};
+
 use super::plan::Plan;
 use super::Limiter;
-use crate::clock::{Clock, Nanos, NANOS_PER_SEC};
+use crate::clock::{Nanos, NANOS_PER_SEC};
 use crate::decision::Decision;
 use crate::rules::{Domain, FailureMode};
 use crate::store::{self, Check};
+use crate::throttle::Throttle;
 
 impl<S> Limiter<S> {
     /// Decisions by each check's failure mode, when the store failed.
@@ -53,30 +56,22 @@ impl<S> Limiter<S> {
 }
 
 /// Logs store failures without flooding: the first at once, then at most one line
-/// per ten seconds with the number of failures in between.
-#[derive(Default)]
-pub(super) struct FailureLog {
-    last: std::sync::atomic::AtomicU64,
-    quiet: std::sync::atomic::AtomicU64,
+/// per ten seconds with the number of failures in between (`suppressed`).
+pub(super) struct FailureLog(Throttle);
+
+impl Default for FailureLog {
+    fn default() -> Self {
+        Self(Throttle::new(Self::EVERY))
+    }
 }
 
 impl FailureLog {
-    const EVERY: u64 = 10 * NANOS_PER_SEC;
+    const EVERY: Duration = Duration::from_secs(10);
 
     pub(super) fn record(&self, e: &store::Error) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = crate::clock::SystemClock.now();
-        let last = self.last.load(Relaxed);
-        if now.saturating_sub(last) >= Self::EVERY
-            && self
-                .last
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            let suppressed = self.quiet.swap(0, Relaxed);
+        if let Some(failures) = self.0.hit(Instant::now()) {
+            let suppressed = failures - 1;
             tracing::warn!(error = %e, suppressed, "the store failed; answering by each rule's failure_mode");
-        } else {
-            self.quiet.fetch_add(1, Relaxed);
         }
     }
 }
