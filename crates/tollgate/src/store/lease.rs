@@ -20,7 +20,7 @@
 //! refused locally.
 //!
 //! A lease's size follows the key's own recent rate on this instance (about
-//! `lease_period` worth, or the rest of a fixed window if less; at least the request's
+//! `lease_period` worth, or half the rest of a fixed window if less; at least the request's
 //! cost, at most four times the last lease and half of what the store said was left), so
 //! a hot key costs the store about one call per `lease_period` and a cold key one call
 //! per decision. The request that takes a lease may spend all of it at once (the store
@@ -354,9 +354,10 @@ impl Leases {
         if e.leases.len() >= MAX_LEASES_PER_KEY {
             return Local::Exact;
         }
-        // A fixed window's units expire with it: lease no more than its rest is likely
-        // to spend. Windows follow each other, so a new one ends a whole number of
-        // windows after the last one seen.
+        // A fixed window's units expire with it: lease no more than half its rest is
+        // likely to spend, so that leases shrink as the end nears and little is left in
+        // hand when it comes. Windows follow each other, so a new one ends a whole number
+        // of windows after the last one seen.
         let horizon = match limit.algorithm() {
             Algorithm::FixedWindow(w) if e.size > 0 => {
                 let end = if now < e.reset_at {
@@ -365,7 +366,7 @@ impl Leases {
                     let turns = (now - e.reset_at) / w.window.max(1) + 1;
                     e.reset_at.saturating_add(turns.saturating_mul(w.window))
                 };
-                period.min(end - now)
+                period.min((end - now) / 2)
             }
             _ => period,
         };
