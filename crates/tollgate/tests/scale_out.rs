@@ -3,13 +3,22 @@
 //! The shared store here is a `MemoryStore`: the algorithms' Rust arithmetic, which the
 //! Redis scripts are held to by the differential tests (`redis_store.rs`). Leasing adds
 //! no arithmetic to the store (a lease is a charge by the limit's own algorithm), so
-//! what is checked here is the instances' side: with any interleaving of decisions,
-//! leases, window turns and refills, lost calls and lost answers, and instances that
-//! crash and start again, the instances together never admit more than the limit.
+//! what is checked here is the instances' side:
 //!
-//! - a deterministic simulation over 10,000 seeds (a failing seed is printed; replay it
-//!   with `SCALE_OUT_SEED=<seed>`);
-//! - a property test of all-or-nothing requests mixing leased, synced and exact checks;
+//! - a deterministic simulation over 10,000 seeds (`simulate`): instances and a store
+//!   behind a network that delays every call and answer (so that calls overlap and
+//!   arrive out of order; the store decides each at its arrival), loses some, and whose
+//!   late answers the instances give up on while the calls still change the store;
+//!   instances that crash, stop or go idle, partitions, and a store that restarts
+//!   forgetting everything. The instances together never admit more than one exact
+//!   store would (after a restart: but for the units they held, or were granted, before
+//!   it), and a fixed window that reaches its limit admits it but for the units that
+//!   expired unspent in their hands. A failing seed is printed; replay it with
+//!   `SCALE_OUT_SEED=<seed>` (`SCALE_OUT_TRACE=1` prints each step), or run a range with
+//!   `SCALE_OUT_SEEDS=<a>..<b>`;
+//! - a hot key on four instances, leased in blocks; unspent units given back; a request
+//!   of a leased and an exact check that the exact one rejects gives its leased units
+//!   back;
 //! - synced counting's exchange: what each instance admits reaches the store by its
 //!   next sync, and the over-admission stays within what the others admit in one
 //!   interval.
@@ -983,7 +992,10 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
         ("store restarts", get(&c.restarts)),
         ("instance crashes", get(&c.crashes)),
         ("units given back", get(&c.returned)),
-        ("windows held to the under-admission bound", get(&c.windows_bounded)),
+        (
+            "windows held to the under-admission bound",
+            get(&c.windows_bounded),
+        ),
     ];
     eprintln!(
         "{} seeds in {:.1} s: {counts:?}",
