@@ -16,6 +16,8 @@
 //!   expired unspent in their hands. A failing seed is printed; replay it with
 //!   `SCALE_OUT_SEED=<seed>` (`SCALE_OUT_TRACE=1` prints each step), or run a range with
 //!   `SCALE_OUT_SEEDS=<a>..<b>`;
+//! - a property test of all-or-nothing requests mixing leased, synced and exact checks:
+//!   each limit is charged with exactly what the admitted requests spent on it;
 //! - a hot key on four instances, leased in blocks; unspent units given back; a request
 //!   of a leased and an exact check that the exact one rejects gives its leased units
 //!   back;
@@ -206,8 +208,6 @@ fn an_exact_store_admits_all(limit: &Limit, admitted: &[(Nanos, u64)]) -> Result
     Ok(())
 }
 
-/// One simulated run: 2–5 instances on one limit, random arrivals, faults, crashes and
-
 /// A single-threaded executor on a simulated clock, one per test thread: tasks run in
 /// the order they are woken, timers fire in the order of their instants (then of their
 /// setting), so that a run depends on its seed alone (and costs a third of what it
@@ -241,8 +241,8 @@ mod sim {
     thread_local! {
         static NOW: Cell<Nanos> = const { Cell::new(0) };
         static SEQ: Cell<u64> = const { Cell::new(0) };
-        static TIMERS: RefCell<BTreeMap<(Nanos, u64), Waker>> = RefCell::new(BTreeMap::new());
-        static TASKS: RefCell<Vec<Option<Task>>> = RefCell::new(Vec::new());
+        static TIMERS: RefCell<BTreeMap<(Nanos, u64), Waker>> = const { RefCell::new(BTreeMap::new()) };
+        static TASKS: RefCell<Vec<Option<Task>>> = const { RefCell::new(Vec::new()) };
         static READY: Ready = Ready::default();
     }
 
@@ -1006,6 +1006,55 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
         for (what, n) in counts {
             assert!(n > 0, "no {what} in any run");
         }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(100))]
+
+    /// Requests of any mix of a leased, a synced and an exact check, on one instance,
+    /// are all or nothing: each check's limit is charged with exactly what the admitted
+    /// requests spent on it (the leased one, besides, with the units still in hand), so
+    /// a request that one check rejects spends nothing on the others.
+    #[test]
+    fn requests_mixing_leased_synced_and_exact_checks_are_all_or_nothing(
+        requests in proptest::collection::vec((1u8..8, 1u64..4, 0u64..30), 1..80)
+    ) {
+        let rt = runtime();
+        let minute = Duration::from_secs(60);
+        let window = |limit| Limit::new(Algorithm::FixedWindow(FixedWindow::new(limit, minute))).unwrap();
+        let limits = [
+            window(30).with_id(1).with_consistency(Consistency::Leased { period: 100 * MS }),
+            window(20).with_id(2).with_consistency(Consistency::Synced { interval: 100 * MS }),
+            window(15).with_id(3),
+        ];
+        let store = Arc::new(MemoryStore::new());
+        let one = ScaleOut::new(Arc::clone(&store));
+        let mut now: Nanos = 60_000 * 1_000 * MS * 1_000;
+        let mut admitted = [0u64; 3];
+        for &(mask, cost, gap) in &requests {
+            now += gap * MS;
+            let which: Vec<usize> = (0..3).filter(|i| mask & (1 << i) != 0).collect();
+            let checks: Vec<Check<'_>> =
+                which.iter().map(|&i| Check::new(&limits[i], "k", cost)).collect();
+            let d = rt.block_on(one.check(now, &checks)).unwrap();
+            if d.iter().all(|d| d.allowed) {
+                for &i in &which {
+                    admitted[i] += cost;
+                }
+            }
+            rt.block_on(one.sync(now)).unwrap();
+        }
+        rt.block_on(one.flush(now)).unwrap();
+        let charged = |i: usize| {
+            let plain = limits[i].with_consistency(Consistency::Exact);
+            let d = store.check_all(now, &[Check::new(&plain, "k", 0)])[0];
+            plain.limit() - d.remaining
+        };
+        let in_hand = one.units_in_hand(now);
+        proptest::prop_assert_eq!(charged(0), admitted[0] + in_hand, "leased");
+        proptest::prop_assert_eq!(charged(1), admitted[1], "synced");
+        proptest::prop_assert_eq!(charged(2), admitted[2], "exact");
     }
 }
 
