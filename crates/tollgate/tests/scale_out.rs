@@ -676,8 +676,9 @@ fn run(seed: u64) -> Result<(), String> {
     let all = limits(period);
     let limit = all[rng.below(all.len() as u64) as usize];
     let trace = tracing_on();
-    // A fifth of the runs are quiet (no fault, no give-back, no restart, one unit per
-    // request): their fixed windows are held to the under-admission bound.
+    // A fifth of the runs are quiet (short delays, nothing lost, no crash, stop, partition
+    // or restart, one unit per request, a steady load): their fixed windows are held to
+    // the under-admission bound. Half of the others have some slow calls and answers.
     let quiet = rng.chance(20);
     let faulty = !quiet && rng.chance(50);
     let (lost_calls, lost_answers) = if faulty {
