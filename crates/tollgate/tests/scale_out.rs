@@ -735,6 +735,8 @@ fn run(seed: u64) -> Result<(), String> {
     let mut live: Vec<_> = instances.clone();
     let decided = Arc::new(parking_lot::Mutex::new(Vec::<Decided>::new()));
     let returned = Arc::new(AtomicU64::new(0));
+    // Requests not decided yet (each must be, by the end).
+    let pending = Arc::new(AtomicU64::new(0));
     let mut crashes = 0;
     // Quiet fixed windows: the units that expired unspent, per window (each instance
     // settles its leases at every window's end).
@@ -830,6 +832,8 @@ fn run(seed: u64) -> Result<(), String> {
         };
         let (x, alive) = instances[i].clone();
         let (w, decided) = (Arc::clone(&world), Arc::clone(&decided));
+        let pending = Arc::clone(&pending);
+        pending.fetch_add(1, Ordering::Relaxed);
         sim::spawn(async move {
             let (r, (charged, _)) = DECIDED_AT
                 .scope(std::cell::Cell::new((0, 0)), async {
@@ -838,6 +842,7 @@ fn run(seed: u64) -> Result<(), String> {
                 })
                 .await;
             let done = w.now();
+            pending.fetch_sub(1, Ordering::Relaxed);
             if !alive.load(Ordering::Relaxed) {
                 return;
             }
@@ -872,6 +877,18 @@ fn run(seed: u64) -> Result<(), String> {
     // Every request decided, every late call arrived.
     sim::run_until(world.now() + 1_000 * MS);
     let end = world.now();
+    let describe = format!(
+        "{count} instances, lease period {} ms, {} restarts, {}",
+        period / MS,
+        restarts,
+        if quiet { "quiet" } else { "faults" }
+    );
+    let stuck = pending.load(Ordering::Relaxed);
+    if stuck > 0 {
+        return Err(format!(
+            "({describe}) {stuck} requests still waiting a second after the last one"
+        ));
+    }
     let c = &COVERAGE;
     c.late
         .fetch_add(world.late.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -884,12 +901,6 @@ fn run(seed: u64) -> Result<(), String> {
     c.returned
         .fetch_add(returned.load(Ordering::Relaxed), Ordering::Relaxed);
 
-    let describe = format!(
-        "{count} instances, lease period {} ms, {} restarts, {}",
-        period / MS,
-        restarts,
-        if quiet { "quiet" } else { "faults" }
-    );
     let mut all: Vec<Decided> = decided.lock().clone();
     all.sort_by_key(|d| d.at);
     let epochs = world.epochs.lock().clone();
