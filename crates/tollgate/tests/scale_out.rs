@@ -696,7 +696,7 @@ fn run(seed: u64) -> Result<(), String> {
     } else {
         0
     };
-    let steps = 200;
+    let steps = 150;
     let restart_at: Vec<u64> = (0..restarts).map(|_| rng.below(steps)).collect();
     let base: Nanos = 1_000_000_000_000 + rng.below(1_000) * MS;
     sim::start(base);
