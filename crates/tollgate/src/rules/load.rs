@@ -4,18 +4,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::compile::compile;
+use super::draft::{DraftDomain, DraftReader};
 use super::error::{ConfigError, ConfigErrors};
+use super::read::MAX_MAX_DEPTH;
 use super::tree::RuleSet;
-use super::yaml::{compile, DraftDomain, Reader};
 
 /// How deep `descriptors` lists may nest unless [`LoadOptions::max_depth`] says
 /// otherwise: far beyond any real rule tree, and bounded so that reading a file cannot
 /// exhaust a thread's stack.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
-
-/// The deepest [`LoadOptions::max_depth`] may be: what keeps the YAML reader, which
-/// recurses once per level, within a 2 MiB thread stack.
-pub const MAX_MAX_DEPTH: usize = 100;
 
 /// How a rule set is assembled from several files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +121,7 @@ fn build(
     #[cfg(feature = "tower")]
     let mut http = Vec::new();
     for (name, text) in files {
-        let mut reader = Reader::with_max_depth(name, options.max_depth.min(MAX_MAX_DEPTH));
+        let mut reader = DraftReader::with_max_depth(name, options.max_depth.min(MAX_MAX_DEPTH));
         let draft = reader.read(text);
         errors.extend(reader.into_errors());
         if let Some(draft) = draft {

@@ -58,22 +58,25 @@
 //! See [`Domain::find`]. Counters are per runtime value, except below a wildcard rule
 //! with `share_threshold`, where every matching value shares one counter.
 
+mod compile;
+mod draft;
 mod error;
 mod failure;
 mod load;
 mod metadata;
+mod read;
 mod reload;
 mod spec;
 mod tree;
 mod unit;
 #[cfg(feature = "watch")]
 mod watch;
-mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use failure::FailureMode;
-pub use load::{from_str, load, rule_files, LoadOptions, DEFAULT_MAX_DEPTH, MAX_MAX_DEPTH};
+pub use load::{from_str, load, rule_files, LoadOptions, DEFAULT_MAX_DEPTH};
 pub use metadata::Metadata;
+pub use read::MAX_MAX_DEPTH;
 pub use reload::{reload_thread, summary, BeforeSwap, ReloadOutcome, Rules, RELOAD_STACK_SIZE};
 pub use tree::{Domain, Match, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;

@@ -1,0 +1,701 @@
+//! The rule file's shape: what a domain, a descriptor and a rate limit may say, read key
+//! by key from the file's YAML nodes ([`read`](super::read)) into drafts, so that every
+//! problem is reported with its line and column, not only the first. The drafts keep
+//! what the file says; [`compile`](super::compile) turns them into the rule tree.
+
+use std::time::Duration;
+
+use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
+use marked_yaml::{Node, Span};
+
+use super::error::ConfigError;
+use super::metadata::Metadata;
+use super::read::{is_null, Reader};
+use super::spec::{bucket_out_of_range, AlgorithmName, LimitSpec, ALGORITHMS};
+use super::{FailureMode, Unit};
+use crate::store::ChargeRejected;
+
+/// Reads one file's drafts, collecting every error.
+pub(crate) struct DraftReader<'a> {
+    yaml: Reader<'a>,
+    /// How many `descriptors` lists deep the reading is, and how deep they may go.
+    depth: usize,
+    max_depth: usize,
+}
+
+impl<'a> DraftReader<'a> {
+    /// A reader that refuses `descriptors` lists nested more than `max_depth` deep.
+    pub(crate) fn with_max_depth(file: &'a str, max_depth: usize) -> Self {
+        Self {
+            yaml: Reader::new(file),
+            depth: 0,
+            max_depth,
+        }
+    }
+
+    pub(crate) fn into_errors(self) -> Vec<ConfigError> {
+        self.yaml.into_errors()
+    }
+
+    /// Parses a whole file into a draft domain (`None` when it could not be read at all).
+    pub(crate) fn read(&mut self, text: &str) -> Option<DraftDomain> {
+        let root = self.yaml.read(text)?;
+        let Some(top) = root.as_mapping() else {
+            self.yaml.error(
+                root.span(),
+                "a rule file must be a mapping with `domain` and `descriptors`",
+            );
+            return None;
+        };
+        self.yaml.check_keys(
+            top,
+            &[
+                "domain",
+                "descriptors",
+                "http",
+                "failure_mode",
+                "local_fallback_divisor",
+                "charge_rejected",
+                "consistency",
+                "lease_period",
+                "sync_interval",
+            ],
+            "the top level",
+        );
+        let failure = self.failure_mode(top);
+        let consistency = self.consistency(top);
+        let charge = self.charge_rejected(top);
+        let domain = match top
+            .get_scalar("domain")
+            .map(|s| s.as_str().trim().to_string())
+        {
+            Some(d) if !d.is_empty() => Some(d),
+            Some(_) => {
+                let span = top.get_node("domain").map_or(*top.span(), |n| *n.span());
+                self.yaml
+                    .error(&span, "`domain` is empty: every rule file names its domain");
+                None
+            }
+            None => {
+                if let Some(n) = top.get_node("domain") {
+                    self.yaml.error(n.span(), "`domain` must be a string");
+                } else {
+                    self.yaml.error(
+                        top.span(),
+                        "the file has no `domain`: every rule file names its domain",
+                    );
+                }
+                None
+            }
+        };
+        let descriptors = match top.get_node("descriptors") {
+            None => Vec::new(),
+            Some(n) => self.descriptors(n),
+        };
+        #[cfg(feature = "tower")]
+        let http = match (top.get_node("http"), &domain) {
+            (Some(node), Some(name)) => {
+                crate::http::config::from_node(self.yaml.file(), name, node).unwrap_or_else(|e| {
+                    self.yaml.push(e);
+                    None
+                })
+            }
+            _ => None,
+        };
+        Some(DraftDomain {
+            #[cfg(feature = "tower")]
+            http,
+            name: domain?,
+            file: self.yaml.file().to_string(),
+            span: top.get_node("domain").map_or(*top.span(), |n| *n.span()),
+            failure,
+            charge,
+            consistency,
+            descriptors,
+        })
+    }
+
+    fn descriptors(&mut self, node: &Node) -> Vec<DraftRule> {
+        // `descriptors:` with nothing after it (YAML's null) is an empty list, as in
+        // Envoy's service: a domain (or descriptor) with no rules below it.
+        if node.as_scalar().is_some_and(is_null) {
+            return Vec::new();
+        }
+        let Some(seq) = node.as_sequence() else {
+            self.yaml.error(node.span(), "`descriptors` must be a list");
+            return Vec::new();
+        };
+        // The reading, the rule tree and its compilation all recurse once per level:
+        // bounded here, so that no file can exhaust a thread's stack.
+        if self.depth >= self.max_depth {
+            let max = self.max_depth;
+            self.yaml.error(
+                node.span(),
+                format!("descriptors nest more than {max} levels deep (the rule files' limit)"),
+            );
+            return Vec::new();
+        }
+        self.depth += 1;
+        let rules = seq
+            .iter()
+            .filter_map(|item| self.descriptor(item))
+            .collect();
+        self.depth -= 1;
+        rules
+    }
+
+    fn descriptor(&mut self, node: &Node) -> Option<DraftRule> {
+        let Some(map) = node.as_mapping() else {
+            self.yaml.error(
+                node.span(),
+                "a descriptor must be a mapping with at least `key`",
+            );
+            return None;
+        };
+        self.yaml.check_keys(
+            map,
+            &[
+                "key",
+                "value",
+                "rate_limit",
+                "rate_limits",
+                "shadow_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "share_threshold",
+                "quota_mode",
+                "metadata",
+                "descriptors",
+                "failure_mode",
+                "local_fallback_divisor",
+                "charge_rejected",
+                "consistency",
+                "lease_period",
+                "sync_interval",
+            ],
+            "a descriptor",
+        );
+        let failure = self.failure_mode(map);
+        let consistency = self.consistency(map);
+        let charge = self.charge_rejected(map);
+        let metadata = match map.get_node("metadata") {
+            Some(n) if !n.as_scalar().is_some_and(is_null) => {
+                if n.as_mapping().is_none() {
+                    self.yaml.error(n.span(), "`metadata` must be a mapping");
+                }
+                Some(Metadata::from_node(n))
+            }
+            _ => None,
+        };
+        let key = match map.get_node("key") {
+            None => {
+                self.yaml
+                    .error(&Reader::start(map), "a descriptor needs a `key`");
+                None
+            }
+            Some(n) => match n.as_scalar() {
+                Some(s) if !s.as_str().is_empty() => Some(s.as_str().to_string()),
+                Some(s) => {
+                    self.yaml.error(s.span(), "a descriptor's `key` is empty");
+                    None
+                }
+                None => {
+                    self.yaml
+                        .error(n.span(), "a descriptor's `key` must be a string");
+                    None
+                }
+            },
+        };
+        let value = match map.get_node("value") {
+            None => None,
+            Some(n) => match n.as_scalar() {
+                Some(s) if !s.as_str().is_empty() => Some(s.as_str().to_string()),
+                Some(_) => None, // an empty value is the bare key, as in Envoy's service
+                None => {
+                    self.yaml
+                        .error(n.span(), "a descriptor's `value` must be a string");
+                    None
+                }
+            },
+        };
+        let flag = |r: &mut Self, name: &str| r.yaml.bool_field(map, name).unwrap_or(false);
+        let shadow_mode = flag(self, "shadow_mode");
+        let detailed_metric = flag(self, "detailed_metric");
+        let value_to_metric = flag(self, "value_to_metric");
+        let share_threshold = flag(self, "share_threshold");
+        let quota_mode = flag(self, "quota_mode");
+        if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            let span = map
+                .get_node("share_threshold")
+                .map_or(*map.span(), |n| *n.span());
+            self.yaml.error(
+                &span,
+                "`share_threshold` needs a wildcard `value` (one with `*`) to share",
+            );
+        }
+        let mut limits = Vec::new();
+        let mut unlimited = false;
+        match (map.get_node("rate_limit"), map.get_node("rate_limits")) {
+            (Some(one), Some(_)) => {
+                self.yaml.error(
+                    one.span(),
+                    "give either `rate_limit` or `rate_limits`, not both",
+                );
+            }
+            // `rate_limit:` with nothing after it: no limit, as in Envoy's service.
+            (Some(one), None) if one.as_scalar().is_some_and(is_null) => {}
+            (Some(one), None) => match self.rate_limit(one, true) {
+                Some(DraftLimit::Unlimited) => unlimited = true,
+                Some(DraftLimit::Limited(l)) => limits.push(*l),
+                None => {}
+            },
+            (None, Some(many)) => match many.as_sequence() {
+                Some(seq) if !seq.is_empty() => {
+                    for item in seq.iter() {
+                        if let Some(DraftLimit::Limited(l)) = self.rate_limit(item, false) {
+                            limits.push(*l);
+                        }
+                    }
+                }
+                _ => self.yaml.error(
+                    many.span(),
+                    "`rate_limits` must be a non-empty list of limits",
+                ),
+            },
+            (None, None) => {}
+        }
+        let children = map
+            .get_node("descriptors")
+            .map(|n| self.descriptors(n))
+            .unwrap_or_default();
+        Some(DraftRule {
+            key: key?,
+            value,
+            span: Reader::start(map),
+            origin: self.yaml.origin(&Reader::start(map)),
+            limits,
+            unlimited,
+            shadow_mode,
+            detailed_metric,
+            value_to_metric,
+            share_threshold,
+            quota_mode,
+            failure,
+            charge,
+            consistency,
+            metadata,
+            children,
+        })
+    }
+
+    /// `charge_rejected` of a domain or descriptor: `none`, `over_limit` or `all`.
+    fn charge_rejected(&mut self, map: &MarkedMappingNode) -> Option<ChargeRejected> {
+        let node = map.get_node("charge_rejected")?;
+        if node.as_scalar().is_some_and(is_null) {
+            return None;
+        }
+        let mode = node
+            .as_scalar()
+            .and_then(|s| ChargeRejected::from_name(s.as_str()));
+        if mode.is_none() {
+            self.yaml.error(
+                node.span(),
+                "`charge_rejected` must be none, over_limit or all",
+            );
+        }
+        mode
+    }
+
+    /// `failure_mode` (and `local_fallback_divisor`) of a domain or descriptor.
+    fn failure_mode(&mut self, map: &MarkedMappingNode) -> Option<FailureMode> {
+        let divisor = match map.get_node("local_fallback_divisor") {
+            None => None,
+            Some(_) => match self.yaml.number(map, "local_fallback_divisor", 1_000_000) {
+                Some(0) => {
+                    let span = map
+                        .get_node("local_fallback_divisor")
+                        .map_or(*map.span(), |n| *n.span());
+                    self.yaml
+                        .error(&span, "`local_fallback_divisor` must be at least 1");
+                    None
+                }
+                other => other,
+            },
+        };
+        let node = map.get_node("failure_mode");
+        let mode = match node
+            .and_then(|n| n.as_scalar())
+            .map(MarkedScalarNode::as_str)
+        {
+            None => None,
+            Some("fail_open") => Some(FailureMode::FailOpen),
+            Some("fail_closed") => Some(FailureMode::FailClosed),
+            Some("local_fallback") => Some(FailureMode::LocalFallback {
+                divisor: divisor.unwrap_or(1),
+            }),
+            Some(other) => {
+                let span = node.map_or(*map.span(), |n| *n.span());
+                self.yaml.error(&span, format!("unknown failure_mode `{other}` (expected fail_open, fail_closed or local_fallback)"));
+                return None;
+            }
+        };
+        if node.is_some() && mode.is_none() {
+            let span = node.map_or(*map.span(), |n| *n.span());
+            self.yaml.error(
+                &span,
+                "`failure_mode` must be fail_open, fail_closed or local_fallback",
+            );
+        }
+        if divisor.is_some() && !matches!(mode, Some(FailureMode::LocalFallback { .. })) {
+            let span = map
+                .get_node("local_fallback_divisor")
+                .map_or(*map.span(), |n| *n.span());
+            self.yaml.error(
+                &span,
+                "`local_fallback_divisor` needs `failure_mode: local_fallback` beside it",
+            );
+        }
+        mode
+    }
+
+    /// `consistency`, `lease_period` and `sync_interval` of a domain or descriptor, each
+    /// `None` when absent (inherited from above).
+    fn consistency(&mut self, map: &MarkedMappingNode) -> DraftConsistency {
+        let mode = map.get_node("consistency").and_then(|n| {
+            match n.as_scalar().map(MarkedScalarNode::as_str) {
+                Some("exact") => Some(ConsistencyMode::Exact),
+                Some("leased") => Some(ConsistencyMode::Leased),
+                Some("synced") => Some(ConsistencyMode::Synced),
+                other => {
+                    self.yaml.error(
+                        n.span(),
+                        format!(
+                            "unknown consistency `{}` (expected exact, leased or synced)",
+                            other.unwrap_or("")
+                        ),
+                    );
+                    None
+                }
+            }
+        });
+        let mut period = |name: &str| {
+            let n = map.get_node(name)?;
+            match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
+                Some(d) if (MIN_SCALE_PERIOD..=MAX_SCALE_PERIOD).contains(&d) => Some(d),
+                _ => {
+                    self.yaml.error(
+                        n.span(),
+                        format!("`{name}` must be a duration from 1ms to 60s, such as 50ms, 100ms or 1s"),
+                    );
+                    None
+                }
+            }
+        };
+        DraftConsistency {
+            mode,
+            lease_period: period("lease_period"),
+            sync_interval: period("sync_interval"),
+        }
+    }
+
+    fn rate_limit(&mut self, node: &Node, allow_unlimited: bool) -> Option<DraftLimit> {
+        let Some(map) = node.as_mapping() else {
+            self.yaml.error(
+                node.span(),
+                "a rate limit must be a mapping with `unit` and `requests_per_unit`",
+            );
+            return None;
+        };
+        self.yaml.check_keys(
+            map,
+            &[
+                "unit",
+                "requests_per_unit",
+                "unlimited",
+                "name",
+                "replaces",
+                "algorithm",
+                "burst",
+                "block_duration",
+                "overage_percent",
+                "mode",
+            ],
+            "a rate limit",
+        );
+        let unlimited = self.yaml.bool_field(map, "unlimited").unwrap_or(false);
+        if unlimited {
+            if !allow_unlimited {
+                self.yaml.error(
+                    map.span(),
+                    "`unlimited` is not allowed inside `rate_limits`",
+                );
+            }
+            for other in [
+                "unit",
+                "requests_per_unit",
+                "algorithm",
+                "burst",
+                "block_duration",
+            ] {
+                if let Some(n) = map.get_node(other) {
+                    self.yaml.error(
+                        n.span(),
+                        format!("an `unlimited` rate limit cannot also have a `{other}`"),
+                    );
+                }
+            }
+            return Some(DraftLimit::Unlimited);
+        }
+        let unit = match map.get_node("unit") {
+            None => {
+                self.yaml.error(
+                    map.span(),
+                    "a rate limit needs a `unit` (second, minute, hour, day, week, month or year)",
+                );
+                None
+            }
+            Some(n) => {
+                let text = n.as_scalar().map(MarkedScalarNode::as_str).unwrap_or("");
+                let unit = Unit::parse(text);
+                if unit.is_none() {
+                    self.yaml.error(n.span(), format!("unknown unit `{text}` (expected second, minute, hour, day, week, month or year)"));
+                }
+                unit
+            }
+        };
+        let rpu = if map.get_node("requests_per_unit").is_none() {
+            self.yaml.error(
+                &Reader::start(map),
+                "a rate limit needs `requests_per_unit`",
+            );
+            None
+        } else {
+            self.yaml
+                .number(map, "requests_per_unit", u64::from(u32::MAX))
+        };
+        let name = map.get_scalar("name").map(|s| s.as_str().to_string());
+        let replaces = self.replaces(map);
+        if let Some(own) = &name {
+            for (other, span) in &replaces {
+                if other == own {
+                    self.yaml.error(
+                        span,
+                        format!("rate limit `{own}` names itself in `replaces`: a limit replaces other limits, never itself"),
+                    );
+                }
+            }
+        }
+        let mut spec = LimitSpec::default();
+        if let Some(n) = map.get_node("algorithm") {
+            let text = n.as_scalar().map(MarkedScalarNode::as_str).unwrap_or("");
+            match AlgorithmName::parse(text) {
+                Some(a) => spec.algorithm = a,
+                None => self.yaml.error(
+                    n.span(),
+                    format!("unknown algorithm `{text}` (expected one of: {ALGORITHMS})"),
+                ),
+            }
+        }
+        if let Some(n) = map.get_node("burst") {
+            if !spec.algorithm.is_bucket() {
+                self.yaml.error(
+                    n.span(),
+                    "`burst` applies only to token_bucket, gcra and leaky_bucket",
+                );
+            }
+            spec.burst = self.yaml.number(map, "burst", u64::from(u32::MAX));
+        }
+        if let Some(n) = map.get_node("mode") {
+            match n.as_scalar().map(MarkedScalarNode::as_str) {
+                Some("queue") if spec.algorithm == AlgorithmName::LeakyBucket => spec.queue = true,
+                Some("meter") if spec.algorithm == AlgorithmName::LeakyBucket => {}
+                _ => self.yaml.error(
+                    n.span(),
+                    "`mode` is `meter` or `queue`, and only with `algorithm: leaky_bucket`",
+                ),
+            }
+        }
+        if let Some(n) = map.get_node("block_duration") {
+            match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
+                Some(d) if d <= MAX_BLOCK => spec.block = d,
+                Some(_) => self.yaml.error(
+                    n.span(),
+                    "`block_duration` may be at most 365d (a lockout is a key kept that long, and its Retry-After must stay a number a client can use)",
+                ),
+                None => self.yaml.error(
+                    n.span(),
+                    "`block_duration` must be a duration such as 900s, 15m, 1h or 1d",
+                ),
+            }
+        }
+        if map.get_node("overage_percent").is_some() {
+            spec.overage_percent = self.yaml.number(map, "overage_percent", 1000).unwrap_or(0);
+        }
+        let (unit, rpu) = (unit?, rpu?);
+        if let Some(why) = bucket_out_of_range(&spec, unit, rpu) {
+            let span = map
+                .get_node("burst")
+                .or_else(|| map.get_node("requests_per_unit"))
+                .map_or(*map.span(), |n| *n.span());
+            self.yaml.error(&span, why);
+            return None;
+        }
+        if spec.algorithm == AlgorithmName::SlidingLog && rpu > 100_000 {
+            let span = map
+                .get_node("requests_per_unit")
+                .map_or(*map.span(), |n| *n.span());
+            self.yaml.error(&span, "a sliding_log keeps one entry per request: use sliding_window above 100000 per unit");
+            return None;
+        }
+        Some(DraftLimit::Limited(Box::new(DraftRateLimit {
+            span: Reader::start(map),
+            name,
+            requests_per_unit: rpu,
+            unit,
+            replaces,
+            spec,
+        })))
+    }
+
+    fn replaces(&mut self, map: &MarkedMappingNode) -> Vec<(String, Span)> {
+        let Some(node) = map.get_node("replaces") else {
+            return Vec::new();
+        };
+        let Some(seq) = node.as_sequence() else {
+            self.yaml
+                .error(node.span(), "`replaces` must be a list of `{name: ...}`");
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for item in seq.iter() {
+            let entry = item.as_mapping();
+            match entry.and_then(|m| m.get_scalar("name")) {
+                Some(n) if !n.as_str().is_empty() => {
+                    names.push((n.as_str().to_string(), *n.span()))
+                }
+                // The entry's start, since an empty value has no place of its own.
+                Some(_) => self.yaml.error(
+                    &entry.map_or(*item.span(), Reader::start),
+                    "empty `replaces` entry: give the `name` of the rate limit it replaces",
+                ),
+                _ => self.yaml.error(
+                    item.span(),
+                    "each `replaces` entry must be `{name: <limit name>}`",
+                ),
+            }
+        }
+        names
+    }
+}
+
+/// The shortest `lease_period` and `sync_interval`.
+const MIN_SCALE_PERIOD: Duration = Duration::from_millis(1);
+/// The longest `lease_period` and `sync_interval`: units leased or counted longer ago
+/// than this say little about the shared count.
+const MAX_SCALE_PERIOD: Duration = Duration::from_secs(60);
+
+/// The counting mode a rule file names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConsistencyMode {
+    Exact,
+    Leased,
+    Synced,
+}
+
+/// A domain's or descriptor's `consistency` settings as written: each `None` when
+/// absent, taken from the level above (the compiler inherits and resolves them).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DraftConsistency {
+    pub(crate) mode: Option<ConsistencyMode>,
+    pub(crate) lease_period: Option<Duration>,
+    pub(crate) sync_interval: Option<Duration>,
+}
+
+/// The longest `block_duration`: a year.
+const MAX_BLOCK: Duration = Duration::from_secs(365 * 86_400);
+
+/// Parses `900s`, `15m`, `1h`, `1d`, `500ms` or a plain number of seconds.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let secs = |k: u64| n.checked_mul(k).map(Duration::from_secs);
+    match unit.trim() {
+        "" | "s" => secs(1),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" => secs(60),
+        "h" => secs(3_600),
+        "d" => secs(86_400),
+        _ => None,
+    }
+}
+
+/// A domain as read from one file, before compiling.
+#[derive(Debug)]
+pub(crate) struct DraftDomain {
+    pub(crate) name: String,
+    pub(crate) file: String,
+    pub(crate) span: Span,
+    pub(crate) failure: Option<FailureMode>,
+    pub(crate) consistency: DraftConsistency,
+    pub(crate) charge: Option<ChargeRejected>,
+    pub(crate) descriptors: Vec<DraftRule>,
+    /// The file's gateway section.
+    #[cfg(feature = "tower")]
+    pub(crate) http: Option<crate::http::HttpRules>,
+}
+
+impl DraftDomain {
+    /// An error at the `domain` line of this file.
+    pub(crate) fn error(&self, message: String) -> ConfigError {
+        let (line, column) = self.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+        ConfigError {
+            file: self.file.clone(),
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+/// A descriptor as read, with the descriptors nested in it.
+#[derive(Debug)]
+pub(crate) struct DraftRule {
+    pub(crate) key: String,
+    pub(crate) value: Option<String>,
+    pub(crate) span: Span,
+    pub(crate) origin: String,
+    pub(crate) limits: Vec<DraftRateLimit>,
+    pub(crate) unlimited: bool,
+    pub(crate) shadow_mode: bool,
+    pub(crate) detailed_metric: bool,
+    pub(crate) value_to_metric: bool,
+    pub(crate) share_threshold: bool,
+    pub(crate) quota_mode: bool,
+    pub(crate) failure: Option<FailureMode>,
+    pub(crate) charge: Option<ChargeRejected>,
+    pub(crate) consistency: DraftConsistency,
+    pub(crate) metadata: Option<Metadata>,
+    pub(crate) children: Vec<DraftRule>,
+}
+
+/// A `rate_limit` as read: `unlimited`, or a limit.
+#[derive(Debug)]
+enum DraftLimit {
+    Unlimited,
+    Limited(Box<DraftRateLimit>),
+}
+
+/// A limit as read, before the compiler gives it its counting and identity.
+#[derive(Debug)]
+pub(crate) struct DraftRateLimit {
+    pub(crate) span: Span,
+    pub(crate) name: Option<String>,
+    pub(crate) requests_per_unit: u64,
+    pub(crate) unit: Unit,
+    pub(crate) replaces: Vec<(String, Span)>,
+    pub(crate) spec: LimitSpec,
+}
