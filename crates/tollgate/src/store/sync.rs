@@ -50,11 +50,15 @@ use crate::decision::Decision;
 /// Weight of one sample in the decayed estimate of an instance's share of a key's
 /// admissions.
 const SHARE_WEIGHT: f64 = 0.15;
+/// Units the room must have lost (over one read or several) for a sample of an
+/// instance's share.
+const SHARE_SAMPLE: u64 = 8;
 /// Weight of one sample in the learned delay of the others' pushes.
 const LAG_WEIGHT: f64 = 0.15;
-/// The smallest share an instance assumes it has (so that one whose traffic vanished
-/// for a while still admits a little and learns its share again).
-const MIN_SHARE: f64 = 1.0 / 1024.0;
+/// The smallest share an instance assumes it has: one whose traffic vanished for a while
+/// still admits a little (the cap's random rounding lets a unit through now and then),
+/// and its pushes teach it its share again when the traffic comes back.
+const MIN_SHARE: f64 = 1.0 / 256.0;
 
 /// What an instance knows of one key.
 #[derive(Debug)]
@@ -98,8 +102,10 @@ struct Entry {
     cap: u64,
     /// Units admitted here since the last read.
     since_read: u64,
-    /// Units held back by the cap since the last read.
-    held: u64,
+    /// This instance's units, and the units the room lost, over the reads not yet taken
+    /// as a sample of its share.
+    pooled_mine: u64,
+    pooled_lost: u64,
     /// This instance's units the store counts in the key's current window (fixed
     /// window): its seeds' charges and its pushes settled in the window.
     counted: u64,
@@ -128,7 +134,8 @@ impl Entry {
             share: None,
             cap: u64::MAX,
             since_read: 0,
-            held: 0,
+            pooled_mine: 0,
+            pooled_lost: 0,
             counted: 0,
             dice: fp,
         }
@@ -199,7 +206,6 @@ impl Entry {
     /// all up.
     fn new_cap(&mut self, at: Nanos) {
         self.since_read = 0;
-        self.held = 0;
         let Some(share) = self.share else {
             self.cap = u64::MAX;
             return;
@@ -228,15 +234,16 @@ impl Entry {
         }
         let others = lost.saturating_sub(mine);
         self.others_rate = others as f64 / (at - self.seen_at) as f64;
-        let sample = if lost > 0 {
-            Some((mine as f64 / lost as f64).min(1.0))
-        } else if self.held > 0 {
-            // Nobody else took anything while the cap held this instance back: the room
-            // is all its own.
-            Some(1.0)
-        } else {
-            None
-        };
+        // On a slow key one interval's units say little: reads are pooled until the
+        // room lost enough for a sample.
+        self.pooled_mine = self.pooled_mine.saturating_add(mine.min(lost));
+        self.pooled_lost = self.pooled_lost.saturating_add(lost);
+        let sample = (self.pooled_lost >= SHARE_SAMPLE).then(|| {
+            let s = self.pooled_mine as f64 / self.pooled_lost as f64;
+            self.pooled_mine = 0;
+            self.pooled_lost = 0;
+            s
+        });
         if let Some(s) = sample {
             let share = match self.share {
                 Some(old) => old + SHARE_WEIGHT * (s - old),
@@ -386,9 +393,6 @@ impl Syncs {
             e.since_read += cost;
             let left = (room - used - cost).min(e.cap - e.since_read);
             return Local::Decided(Decision::allow(limit.limit(), left, reset));
-        }
-        if fits {
-            e.held = e.held.saturating_add(cost);
         }
         // Over, as far as this instance knows: read the room again at the next push.
         e.stale = true;
