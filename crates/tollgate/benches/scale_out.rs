@@ -356,13 +356,20 @@ async fn drive(
     for e in events {
         let now = e.at;
         if let Some((tick, next)) = ticks.as_mut() {
-            for (i, next) in instances.iter().zip(next.iter_mut()) {
-                while *next <= now {
-                    if i.sync(*next).await.is_err() {
-                        t.errors += 1;
-                    }
-                    *next += *tick;
+            // Every instance's ticks due by now, in time order across the instances (one
+            // instance's ticks running ahead of another's would let it read counts from
+            // the others' future).
+            while let Some((k, at)) = next
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|&(_, at)| at <= now)
+                .min_by_key(|&(k, at)| (at, k))
+            {
+                if instances[k].sync(at).await.is_err() {
+                    t.errors += 1;
                 }
+                next[k] = at + *tick;
             }
         }
         let cell = e.key * windows + ((now - START) / WINDOW) as usize;

@@ -507,11 +507,25 @@ impl<S: Store> ScaleOut<S> {
                     return Err(e);
                 }
             }
+            // What the store charged each seed: nothing when the request was rejected
+            // (by a local check, then its exact checks were only read, or by the store).
+            let request_rejected =
+                rejected || rejects(checks, |i| decided[i].is_some_and(|d| d.allowed));
             for (i, interval) in seeds {
                 if let Some(d) = &decided[i] {
-                    self.inner
-                        .syncs
-                        .seed(checks[i].limit, checks[i].key, d, now, interval);
+                    let charged = if request_rejected || !d.allowed {
+                        0
+                    } else {
+                        checks[i].cost
+                    };
+                    self.inner.syncs.seed(
+                        checks[i].limit,
+                        checks[i].key,
+                        d,
+                        charged,
+                        now,
+                        interval,
+                    );
                 }
             }
         }

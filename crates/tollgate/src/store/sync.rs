@@ -9,15 +9,33 @@
 //! they fit or not: they were admitted already) and reads the room of each key used in
 //! the last two intervals, so that the others' admissions reach it; a key unused longer
 //! is read again by its next decision, in the store.
-//! Between reads, an instance also counts the other instances' admissions at the rate it
-//! last saw them at (what the room lost between two reads beyond its own pushes), so a
-//! steady load stops close to the limit; over-admission is bounded by what the others
-//! admit within one interval beyond that estimate. Each instance's first decision in a
-//! new fixed window is made in the store.
-//! A key the store has not answered for in [`stale_after`] its interval (five intervals,
-//! at least a second: the store is down or unreachable) is decided by the store again,
-//! hence by the rule's failure mode while it stays down; its pending units are pushed
-//! when it answers.
+//!
+//! Between reads, an instance also counts the other instances' admissions it cannot see
+//! yet, at the rate it last saw them at (what the room lost between two reads beyond its
+//! own pushes): those since the read, and those the others had admitted but not pushed
+//! when it was made. That delay is learned for fixed windows (how far the store's count
+//! of the others' units lags behind their rate since the window began, measured while
+//! the room is ample), never less than half an interval. A window's first interval gives
+//! no rate sample: the fleet's first decisions in it are made in the store, at once.
+//!
+//! And between reads, an instance admits at most its share of the room it last saw,
+//! not all of it: its share is a decayed estimate of its fraction of the key's
+//! admissions across the fleet (its own pushes against what the room lost, pooled over
+//! reads until the room lost [`SHARE_SAMPLE`] units, each sample weighing
+//! [`SHARE_WEIGHT`]), the cap rounded up or down at random in proportion so that
+//! small shares neither all round down nor all up. Every instance keeping to its share,
+//! the fleet together stays within the room even when the others' rate was misjudged;
+//! the price is some under-admission when the load moves between instances faster than
+//! the shares follow, and on keys too slow for their shares to be measured well.
+//! Over-admission is bounded by what the others admit within one interval beyond these
+//! estimates. Each instance's first decision in a new fixed window is made in the store.
+//!
+//! A key that woke after idling (unused for [`active_for`] its interval, and not read
+//! since), or that the store has not answered for in [`stale_after`] its interval (the
+//! store is down or unreachable), is decided by the store again, and counted here again
+//! from its answer, keeping its units not pushed yet: the others may have admitted
+//! anything meanwhile. While the store stays down, the rule's failure mode decides; its
+//! pending units are pushed when it answers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +47,19 @@ use super::per_limit::PerLimit;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::Nanos;
 use crate::decision::Decision;
+
+/// Weight of one sample in the decayed estimate of an instance's share of a key's
+/// admissions.
+const SHARE_WEIGHT: f64 = 0.15;
+/// Units the room must have lost (over one read or several) for a sample of an
+/// instance's share.
+const SHARE_SAMPLE: u64 = 8;
+/// Weight of one sample in the learned delay of the others' pushes.
+const LAG_WEIGHT: f64 = 0.15;
+/// The smallest share an instance assumes it has: one whose traffic vanished for a while
+/// still admits a little (the cap's random rounding lets a unit through now and then),
+/// and its pushes teach it its share again when the traffic comes back.
+const MIN_SHARE: f64 = 1.0 / 256.0;
 
 /// What an instance knows of one key.
 #[derive(Debug)]
@@ -56,18 +87,70 @@ struct Entry {
     /// The other instances' rate on this key (units per ns), estimated from successive
     /// reads: what the room lost beyond this instance's own pushes.
     others_rate: f64,
+    /// A decayed average of `others_rate`, for learning `lag`.
+    rate_avg: f64,
+    /// How long the others' admissions take to reach the store's count (ns): they are
+    /// counted when they push, up to an interval after they admit. Learned for fixed
+    /// windows from how far the count lags behind the others' rate since the window
+    /// began.
+    lag: f64,
+    /// This instance's share of the key's admissions across the fleet (0 to 1): a
+    /// decayed estimate from its own pushes against what the room lost. `None` before
+    /// the first sample.
+    share: Option<f64>,
+    /// Units this instance may admit until the next read: its share of the room the
+    /// last read left (`u64::MAX`: no share known yet).
+    cap: u64,
+    /// Units admitted here since the last read.
+    since_read: u64,
+    /// This instance's units, and the units the room lost, over the reads not yet taken
+    /// as a sample of its share.
+    pooled_mine: u64,
+    pooled_lost: u64,
+    /// This instance's units the store counts in the key's current window (fixed
+    /// window): its seeds' charges and its pushes settled in the window.
+    counted: u64,
+    /// The state of the random rounding of the cap.
+    dice: u64,
 }
 
 impl Entry {
+    fn new(limit: Limit, key: &[u8], interval: Nanos, fp: u64) -> Self {
+        Self {
+            limit,
+            key: key.into(),
+            interval,
+            seen: 0,
+            seen_at: 0,
+            reset_at: 0,
+            pending: 0,
+            in_flight: 0,
+            stale: false,
+            pushed_at: 0,
+            synced_at: 0,
+            last_used: 0,
+            others_rate: 0.0,
+            rate_avg: 0.0,
+            lag: interval as f64 / 2.0,
+            share: None,
+            cap: u64::MAX,
+            since_read: 0,
+            pooled_mine: 0,
+            pooled_lost: 0,
+            counted: 0,
+            dice: fp,
+        }
+    }
+
     /// The room at `now`: what the store said, a bucket's refill since added. `None`
     /// when a fixed window has ended since: the new window's count is read in the store.
     fn room(&mut self, now: Nanos) -> Option<u64> {
         let base = self.base_room(now)?;
         // What the others have admitted and the store has not counted: since the count
-        // was read, and before it what they had not pushed yet (half an interval's worth
-        // on average), at their recent rate.
-        let unseen = now.saturating_sub(self.seen_at) + self.interval / 2;
-        let others = self.others_rate * unseen as f64;
+        // was read, and before it what they had not pushed yet (their learned delay), at
+        // their recent rate.
+        let unseen = now.saturating_sub(self.seen_at) as f64 + self.lag;
+        let others = self.others_rate * unseen;
         Some(base.saturating_sub(others as u64))
     }
 
@@ -88,6 +171,106 @@ impl Entry {
                     / u128::from(self.limit.window().max(1));
                 let refill = u64::try_from(refill).unwrap_or(u64::MAX);
                 Some(self.seen.saturating_add(refill).min(burst))
+            }
+        }
+    }
+
+    /// When the current fixed window began (0 for other algorithms).
+    fn window_start(&self) -> Nanos {
+        match self.limit.algorithm() {
+            Algorithm::FixedWindow(w) => self.reset_at.saturating_sub(w.window),
+            _ => 0,
+        }
+    }
+
+    /// Whether a read at `at` is in the first interval of its fixed window, where the
+    /// fleet's first decisions are made in the store (charged at once, not an interval
+    /// late) and the room's loss is no sample of the others' steady rate.
+    fn early(&self, at: Nanos) -> bool {
+        matches!(self.limit.algorithm(), Algorithm::FixedWindow(_))
+            && at < self.window_start().saturating_add(self.interval)
+    }
+
+    /// A uniform draw in [0, 1), from the entry's own sequence.
+    fn roll(&mut self) -> f64 {
+        self.dice = self.dice.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.dice;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The store said `room` at `at`: this instance may admit its share of it until the
+    /// next read (the others' admissions not counted yet taken out first), rounded up or
+    /// down at random in proportion, so that small shares neither all round down nor
+    /// all up.
+    fn new_cap(&mut self, at: Nanos) {
+        self.since_read = 0;
+        let Some(share) = self.share else {
+            self.cap = u64::MAX;
+            return;
+        };
+        let room = self.room(at).unwrap_or(0) as f64;
+        let u = self.roll();
+        self.cap = (share * room + u).floor() as u64;
+    }
+
+    /// Learns from a read at `at` of `room` that follows the last one, in the same
+    /// window: `mine` of what the room lost since was this instance's.
+    fn learn(&mut self, at: Nanos, room: u64, mine: u64) {
+        let Some(before) = self.base_room(at) else {
+            return;
+        };
+        if at <= self.seen_at || self.early(self.seen_at) {
+            // A window's first interval: the first decisions, made in the store, say
+            // nothing of the steady rate.
+            return;
+        }
+        let lost = before.saturating_sub(room);
+        if room == 0 {
+            // A key with no room left says nothing of the others' demand (they are being
+            // refused, not idle) nor of the shares: the rate seen before it filled stays.
+            return;
+        }
+        let others = lost.saturating_sub(mine);
+        self.others_rate = others as f64 / (at - self.seen_at) as f64;
+        // On a slow key one interval's units say little: reads are pooled until the
+        // room lost enough for a sample.
+        self.pooled_mine = self.pooled_mine.saturating_add(mine.min(lost));
+        self.pooled_lost = self.pooled_lost.saturating_add(lost);
+        let sample = (self.pooled_lost >= SHARE_SAMPLE).then(|| {
+            let s = self.pooled_mine as f64 / self.pooled_lost as f64;
+            self.pooled_mine = 0;
+            self.pooled_lost = 0;
+            s
+        });
+        if let Some(s) = sample {
+            let share = match self.share {
+                Some(old) => old + SHARE_WEIGHT * (s - old),
+                None => s,
+            };
+            self.share = Some(share.clamp(MIN_SHARE, 1.0));
+        }
+        // The others' delay: their units the store counts in this window against what
+        // their rate would have admitted since it began. Learned only while the room is
+        // ample (nobody is being held back, so their rate is their demand's).
+        if let Algorithm::FixedWindow(_) = self.limit.algorithm() {
+            let total = self.limit.limit().saturating_sub(room);
+            let theirs = total.saturating_sub(self.counted) as f64;
+            let ample = room >= self.limit.limit() / 2;
+            if ample {
+                if self.rate_avg > 0.0 {
+                    self.rate_avg += LAG_WEIGHT * (self.others_rate - self.rate_avg);
+                } else {
+                    self.rate_avg = self.others_rate;
+                }
+            }
+            if ample && self.rate_avg > 0.0 && theirs > 0.0 {
+                let since = at.saturating_sub(self.window_start()) as f64;
+                let lag = (since - theirs / self.rate_avg)
+                    .clamp(self.interval as f64 / 2.0, 2.0 * self.interval as f64);
+                self.lag += LAG_WEIGHT * (lag - self.lag);
             }
         }
     }
@@ -188,11 +371,12 @@ impl Syncs {
         // An active key is read at every push, so its count is at most about an interval
         // old. One that was idle, or that the store has not answered for a while (down,
         // unreachable), is decided by the store (and when it cannot, by the rule's failure
-        // mode); the next push reads it again.
+        // mode), and counted here again from its answer: the others may have admitted
+        // anything meanwhile.
         let woke = idle > active_for(e.interval) && age > active_for(e.interval);
         if woke || age > stale_after(e.interval) {
             e.stale = true;
-            return Local::Exact;
+            return Local::Seed;
         }
         let Some(room) = e.room(now) else {
             // A new window: each instance's first decision in it is made in the store, so
@@ -203,9 +387,12 @@ impl Syncs {
         let used = e.pending.saturating_add(e.in_flight);
         let reset = e.reset_at.saturating_sub(now);
         self.counters.local.fetch_add(1, Ordering::Relaxed);
-        if used.saturating_add(cost) <= room {
+        let fits = used.saturating_add(cost) <= room;
+        let in_share = e.since_read.saturating_add(cost) <= e.cap;
+        if fits && in_share {
             e.pending += cost;
-            let left = room - used - cost;
+            e.since_read += cost;
+            let left = (room - used - cost).min(e.cap - e.since_read);
             return Local::Decided(Decision::allow(limit.limit(), left, reset));
         }
         // Over, as far as this instance knows: read the room again at the next push.
@@ -227,42 +414,67 @@ impl Syncs {
         let fp = fingerprint(limit, key);
         if let Some(e) = self.shard(fp).lock().get_mut(&fp) {
             e.pending = e.pending.saturating_sub(cost);
+            e.since_read = e.since_read.saturating_sub(cost);
         }
     }
 
-    /// Starts counting `key` here from the shared store's decision `d` of a call sent at
-    /// `sent` (which charged the store itself when it admitted).
-    pub fn seed(&self, limit: &Limit, key: &[u8], d: &Decision, sent: Nanos, interval: Nanos) {
+    /// Starts counting `key` here, or counts it again, from the shared store's decision
+    /// `d` of a call sent at `sent`, which charged the store `charged` units (0 when the
+    /// request was rejected).
+    pub fn seed(
+        &self,
+        limit: &Limit,
+        key: &[u8],
+        d: &Decision,
+        charged: u64,
+        sent: Nanos,
+        interval: Nanos,
+    ) {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
         if let Some(e) = shard.get_mut(&fp) {
-            // A window turned: the new one's count, as the store just said. What was
-            // admitted here in the old one and not pushed belongs to it, and is dropped.
+            if e.limit != *limit || *e.key != *key || sent < e.seen_at {
+                return;
+            }
+            let reset = sent.saturating_add(d.reset_after);
+            let turned = match e.limit.algorithm() {
+                Algorithm::FixedWindow(w) => {
+                    sent >= e.reset_at || reset.abs_diff(e.reset_at) >= w.window / 2
+                }
+                _ => false,
+            };
+            if turned {
+                // A window turned: the new one's count, as the store just said. What was
+                // admitted here in the old one and not pushed belongs to it, and is
+                // dropped.
+                e.pending = 0;
+                e.counted = charged;
+            } else {
+                // Read again after an idle spell or a stale count: what is pending here
+                // is not in the store's count yet, and stays to be pushed; the charge is
+                // this instance's share of what the room lost since the last read.
+                e.learn(sent, d.remaining, charged);
+                e.counted = e.counted.saturating_add(charged);
+            }
             e.seen = d.remaining;
             e.seen_at = sent;
-            e.reset_at = sent.saturating_add(d.reset_after);
+            e.reset_at = reset;
             e.synced_at = sent;
-            e.pending = 0;
+            e.new_cap(sent);
             return;
         }
         if shard.len() >= self.per_shard {
             return;
         }
-        shard.entry(fp).or_insert_with(|| Entry {
-            limit: *limit,
-            key: key.into(),
-            interval,
-            seen: d.remaining,
-            seen_at: sent,
-            reset_at: sent.saturating_add(d.reset_after),
-            pending: 0,
-            in_flight: 0,
-            stale: false,
-            pushed_at: sent,
-            synced_at: sent,
-            last_used: sent,
-            others_rate: 0.0,
-        });
+        let mut e = Entry::new(*limit, key, interval, fp);
+        e.seen = d.remaining;
+        e.seen_at = sent;
+        e.reset_at = sent.saturating_add(d.reset_after);
+        e.pushed_at = sent;
+        e.synced_at = sent;
+        e.last_used = sent;
+        e.counted = charged;
+        shard.insert(fp, e);
     }
 
     /// The keys due for a push at `now` (pending units, or a room to read again, and
@@ -329,28 +541,25 @@ impl Syncs {
         } else {
             d.remaining.saturating_sub(push.units)
         };
-        // The others' rate: the room the last read left, less this one's, less what this
-        // instance pushed, over the time between (within one window).
         let reset = sent.saturating_add(d.reset_after);
         let same_window = match e.limit.algorithm() {
             Algorithm::FixedWindow(w) => reset.abs_diff(e.reset_at) < w.window / 2,
             _ => true,
         };
-        // (A key with no room left says nothing of the others' demand: they are being
-        // refused, not idle; the rate seen before it filled stays for the next window.)
-        if let (true, Some(before)) = (
-            same_window && sent > e.seen_at && room > 0,
-            e.base_room(sent),
-        ) {
-            let others = before.saturating_sub(room).saturating_sub(push.units);
-            let sample = others as f64 / (sent - e.seen_at) as f64;
-            e.others_rate = sample;
+        if same_window {
+            e.learn(sent, room, push.units);
+            e.counted = e.counted.saturating_add(push.units);
+        } else {
+            e.counted = push.units;
         }
         e.seen = room;
         e.seen_at = sent;
-        e.reset_at = sent.saturating_add(d.reset_after);
+        e.reset_at = reset;
         e.stale = false;
         e.synced_at = sent;
+        e.new_cap(sent);
+        // Units admitted after this push left are not in the count read.
+        e.since_read = e.pending;
     }
 
     /// A push failed: its units are pushed again next time.
