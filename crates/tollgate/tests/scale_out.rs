@@ -583,6 +583,19 @@ impl Store for SimNetwork {
                 s.check_all(at, &checks)
             })
             .await?;
+        // A lease of just the request's cost goes as a plain check (it has nothing to
+        // give back): the same grant as a lease's.
+        if let ([c], [one]) = (checks, d.as_slice()) {
+            if one.allowed && c.cost > 0 {
+                let (at, epoch) = DECIDED_AT.try_with(|d| d.get()).unwrap_or((at, 0));
+                *self.last_grant.lock() = (at, epoch);
+                if epoch < self.world.epoch() {
+                    if let Some(e) = self.world.epochs.lock().last_mut() {
+                        e.extra += c.cost;
+                    }
+                }
+            }
+        }
         if self.world.trace {
             eprintln!("  store call arrived at {} ms: {:?}", at / MS, d[0]);
         }
