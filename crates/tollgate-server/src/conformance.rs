@@ -38,7 +38,11 @@ fn options(tls: Option<&RedisTls>) -> StoreOptions {
         .map_or(0, |d| d.as_nanos());
     StoreOptions {
         max_keys: 1_000_000,
-        deadline: std::time::Duration::from_secs(5),
+        // Long: a case checks decisions, not latency, and a call that timed out would be
+        // answered by the rule's failure mode (admitted, uncharged) and spoil the steps
+        // after it. A busy machine's first call (a TLS handshake, the scripts' load) can
+        // take seconds.
+        deadline: std::time::Duration::from_secs(30),
         prefix: format!("tollgate-conformance:{}:{nanos:x}:{n}", std::process::id()),
         blocked_cache: 0,
         caller_time: true,
