@@ -1207,6 +1207,13 @@ fn unspent_units_go_back_to_the_store_when_an_instance_stops_or_a_key_goes_idle(
     }
 }
 
+/// A fixed window of `n` per `window`, synced every `interval`.
+fn synced_window(n: u64, window: Duration, interval: Nanos) -> Limit {
+    Limit::new(Algorithm::FixedWindow(FixedWindow::new(n, window)))
+        .unwrap()
+        .with_consistency(Consistency::Synced { interval })
+}
+
 /// A shared store counting its calls.
 #[derive(Default)]
 struct Counting {
@@ -1266,12 +1273,7 @@ fn a_rejected_request_gives_its_leased_units_back() {
 fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        1_000,
-        Duration::from_secs(60),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(1_000, Duration::from_secs(60), interval);
     let store = Arc::new(MemoryStore::new());
     let instances: Vec<_> = (0..4).map(|_| ScaleOut::new(Arc::clone(&store))).collect();
     let start: Nanos = 60_000 * 1_000 * MS;
@@ -1317,12 +1319,7 @@ fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
 fn a_synced_key_goes_back_to_the_store_when_its_count_is_stale() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        1_000,
-        Duration::from_secs(3_600),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(1_000, Duration::from_secs(3_600), interval);
     let store = Arc::new(MemoryStore::new());
     let partitioned = Arc::new(AtomicU64::new(0));
     let one = ScaleOut::new(Network {
@@ -1372,12 +1369,7 @@ fn a_synced_key_goes_back_to_the_store_when_its_count_is_stale() {
 fn synced_instances_stop_close_to_the_limit_under_steady_load() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        1_000,
-        Duration::from_secs(1),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(1_000, Duration::from_secs(1), interval);
     let store = Arc::new(MemoryStore::new());
     let instances: Vec<_> = (0..4).map(|_| ScaleOut::new(Arc::clone(&store))).collect();
     let start: Nanos = 1_000_000 * 1_000 * MS;
@@ -1412,12 +1404,7 @@ fn synced_instances_stop_close_to_the_limit_under_steady_load() {
 fn a_finished_windows_synced_units_are_not_charged_to_the_next() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        100,
-        Duration::from_secs(1),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(100, Duration::from_secs(1), interval);
     let store = Arc::new(MemoryStore::new());
     let one = ScaleOut::new(Arc::clone(&store));
     let second: Nanos = 1_000 * MS;
@@ -1496,12 +1483,7 @@ fn a_lease_near_a_windows_end_covers_only_its_rest() {
 fn a_synced_burst_after_a_pause_does_not_pass_the_limit() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        100,
-        Duration::from_secs(60),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(100, Duration::from_secs(60), interval);
     let store = Arc::new(MemoryStore::new());
     let a = ScaleOut::new(Arc::clone(&store));
     let b = ScaleOut::new(Arc::clone(&store));
@@ -1561,12 +1543,7 @@ fn a_synced_burst_after_a_pause_does_not_pass_the_limit() {
 fn synced_instances_keep_to_their_share_of_the_room() {
     let rt = runtime();
     let interval = 100 * MS;
-    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
-        1_000,
-        Duration::from_secs(1),
-    )))
-    .unwrap()
-    .with_consistency(Consistency::Synced { interval });
+    let limit = synced_window(1_000, Duration::from_secs(1), interval);
     let store = Arc::new(MemoryStore::new());
     let instances: Vec<_> = (0..4).map(|_| ScaleOut::new(Arc::clone(&store))).collect();
     let start: Nanos = 1_000_000 * 1_000 * MS;
