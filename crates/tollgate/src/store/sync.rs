@@ -21,8 +21,8 @@
 //! And between reads, an instance admits at most its share of the room it last saw,
 //! not all of it: its share is a decayed estimate of its fraction of the key's
 //! admissions across the fleet (its own pushes against what the room lost, pooled over
-//! reads until the room lost [`SHARE_SAMPLE`] units, each sample weighing
-//! [`SHARE_WEIGHT`]), the cap rounded up or down at random in proportion so that
+//! reads until the room lost `SHARE_SAMPLE` units, each sample weighing
+//! `SHARE_WEIGHT`), the cap rounded up or down at random in proportion so that
 //! small shares neither all round down nor all up. Every instance keeping to its share,
 //! the fleet together stays within the room even when the others' rate was misjudged;
 //! the price is some under-admission when the load moves between instances faster than
