@@ -157,13 +157,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
-  --loglevel warning --dir "$work" >"$out/redis.log" 2>&1 &
-redis_pid=$!
-for _ in $(seq 1 100); do redis-cli -p "$redis_port" PING >/dev/null 2>&1 && break; sleep 0.05; done
-redis-cli -p "$redis_port" PING >/dev/null 2>&1 || die "redis-server did not start (see $out/redis.log)"
-redis_url="redis://127.0.0.1:$redis_port"
+start_redis "$work" "$out/redis.log"
 
 # Redis's command counts so far, "name calls" a line (INFO left out: this script's own).
 command_counts() {

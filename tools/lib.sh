@@ -24,6 +24,21 @@ free_port() {
   die "no free port found"
 }
 
+# Starts a throwaway redis-server (no persistence) on a free loopback port, its files in
+# DIR and its log in LOG, and waits until it answers (5 s at most, else dies). Sets
+# redis_pid, redis_port and redis_url; the caller stops it.
+# shellcheck disable=SC2034 # redis_pid and redis_url are the caller's
+start_redis() {
+  local dir=$1 logfile=$2
+  redis_port="$(free_port)"
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+    --loglevel warning --dir "$dir" >"$logfile" 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 1 100); do redis-cli -p "$redis_port" PING >/dev/null 2>&1 && break; sleep 0.05; done
+  redis-cli -p "$redis_port" PING >/dev/null 2>&1 || die "redis-server did not start (see $logfile)"
+  redis_url="redis://127.0.0.1:$redis_port"
+}
+
 # Field of tollgate-load's one-line JSON report (keys are unique in it).
 field() { sed -E 's/.*"'"$2"'":("[^"]*"|[^,}]*).*/\1/' <<<"$1"; }
 
