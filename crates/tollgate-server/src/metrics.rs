@@ -22,9 +22,9 @@
 //! | `tollgate_leases_total`, `tollgate_leases_refused_total` | domain, descriptor | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
 //! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total`, `tollgate_leased_units_returned_total` | domain, descriptor | units leased, units that expired unspent (the cause of under-admission), and unspent units given back to Redis (a key gone idle, the instance stopping) |
 //! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
-//! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | | sync calls (`consistency: synced`; one per interval for all keys), those that failed |
+//! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | domain, descriptor | sync calls that carried the rule's keys (`consistency: synced`; one call per interval carries every key, and counts once for each rule), those that failed |
 //! | `tollgate_synced_units_total` | domain, descriptor | units pushed by sync calls |
-//! | `tollgate_sync_lag_seconds` | | time since the last sync call that succeeded (0 before the first) |
+//! | `tollgate_sync_lag_seconds` | domain, descriptor | age of the oldest count a key of the rule in use is decided on, from the sync call that read it (0: no key in use) |
 //! | `tollgate_connections` | listener | connections open |
 //! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
 //! | `tollgate_accept_errors_total` | listener | `accept` calls that failed for want of resources (file descriptors) | Label sets are capped so that no traffic can grow them without
@@ -491,8 +491,13 @@ impl Metrics {
             self.circuit_open.set(i64::from(r.open_now));
         }
         if let Some(scale) = store.scale_out() {
-            self.scale_out
-                .render(&scale.stats(), &scale.per_limit(), rules, sync);
+            self.scale_out.render(
+                &scale.stats(),
+                &scale.per_limit(),
+                &scale.sync_lag(SystemClock.now()),
+                rules,
+                sync,
+            );
         }
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
@@ -514,10 +519,10 @@ struct ScaleOutMetrics {
     expired: Family<RuleLabels, Counter>,
     returned: Family<RuleLabels, Counter>,
     local: Family<ConsistencyLabels, Counter>,
-    sync_calls: Counter,
-    sync_failures: Counter,
+    sync_calls: Family<RuleLabels, Counter>,
+    sync_failures: Family<RuleLabels, Counter>,
     synced_units: Family<RuleLabels, Counter>,
-    sync_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+    sync_lag: Family<RuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -533,10 +538,10 @@ impl ScaleOutMetrics {
         let leased_units_expired = Family::<RuleLabels, Counter>::default();
         let leased_units_returned = Family::<RuleLabels, Counter>::default();
         let local_decisions = Family::<ConsistencyLabels, Counter>::default();
-        let sync_calls = Counter::default();
-        let sync_failures = Counter::default();
+        let sync_calls = Family::<RuleLabels, Counter>::default();
+        let sync_failures = Family::<RuleLabels, Counter>::default();
         let synced_units = Family::<RuleLabels, Counter>::default();
-        let sync_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let sync_lag = Family::<RuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register(
             "leases",
             "Leases taken from the store (consistency: leased)",
@@ -569,7 +574,7 @@ impl ScaleOutMetrics {
         );
         registry.register(
             "sync_calls",
-            "Sync calls (consistency: synced)",
+            "Sync calls that carried the rule's keys (consistency: synced; a call carrying several rules' keys counts for each)",
             sync_calls.clone(),
         );
         registry.register(
@@ -584,7 +589,7 @@ impl ScaleOutMetrics {
         );
         registry.register(
             "sync_lag_seconds",
-            "Seconds since the last sync call that succeeded (0 before the first)",
+            "Age in seconds of the oldest count a key of the rule in use is decided on (0: none in use)",
             sync_lag.clone(),
         );
         Self {
@@ -607,6 +612,7 @@ impl ScaleOutMetrics {
         &self,
         s: &tollgate::store::ScaleOutStats,
         per_limit: &[(u64, tollgate::store::LimitStats)],
+        sync_lag: &[(u64, tollgate::clock::Nanos)],
         rules: &Rules,
         sync: impl Fn(&Counter, u64),
     ) {
@@ -635,6 +641,8 @@ impl ScaleOutMetrics {
                 t.units_expired += l.units_expired;
                 t.units_returned += l.units_returned;
                 t.units_synced += l.units_synced;
+                t.sync_calls += l.sync_calls;
+                t.sync_failures += l.sync_failures;
             }
         }
         for (labels, t) in &per_rule {
@@ -645,11 +653,29 @@ impl ScaleOutMetrics {
                 (&self.expired, t.units_expired),
                 (&self.returned, t.units_returned),
                 (&self.synced_units, t.units_synced),
+                (&self.sync_calls, t.sync_calls),
+                (&self.sync_failures, t.sync_failures),
             ] {
                 if total > 0 {
                     sync(&family.get_or_create(labels), total);
                 }
             }
+        }
+        // The lag of each rule with a key in use; a synced rule with none in use, 0.
+        let mut lag_of: HashMap<RuleLabels, tollgate::clock::Nanos> = HashMap::default();
+        for (id, lag) in sync_lag {
+            if let Some(labels) = rule_of.get(id) {
+                let l = lag_of.entry(labels.clone()).or_default();
+                *l = (*l).max(*lag);
+            }
+        }
+        for (labels, t) in &per_rule {
+            if t.sync_calls > 0 && !lag_of.contains_key(labels) {
+                lag_of.insert(labels.clone(), 0);
+            }
+        }
+        for (labels, lag) in &lag_of {
+            self.sync_lag.get_or_create(labels).set(*lag as f64 / 1e9);
         }
         sync(
             &self.local.get_or_create(&ConsistencyLabels {
@@ -663,14 +689,6 @@ impl ScaleOutMetrics {
             }),
             s.synced_local,
         );
-        sync(&self.sync_calls, s.sync_calls);
-        sync(&self.sync_failures, s.sync_failures);
-        let lag = if s.last_sync == 0 {
-            0.0
-        } else {
-            SystemClock.now().saturating_sub(s.last_sync) as f64 / 1e9
-        };
-        self.sync_lag.set(lag);
     }
 }
 

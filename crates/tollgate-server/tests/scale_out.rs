@@ -1,7 +1,7 @@
 //! Leased and synced counting (`consistency: leased | synced`) between `tollgate serve`
 //! instances on one real Redis: never over the limit with leases, few Redis calls, leases
 //! spent while Redis is down and then the failure mode, synced counts reaching Redis
-//! within two intervals and flushed on SIGTERM.
+//! within two intervals and flushed on SIGTERM, the sync metrics per rule.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -168,6 +168,19 @@ async fn synced_counts_reach_redis_within_two_intervals_and_on_sigterm() {
         assert_eq!(check(&client, &b.http, "fast", ("k", "v")).await.0, 200);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // The sync calls and the lag are per rule: the key in use was read within about an
+    // interval (a sync every 100 ms), well under a second.
+    let text = b.get_text("/metrics").await;
+    let value = |name: &str| {
+        let prefix = format!("{name}{{domain=\"fast\",descriptor=\"k\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str())?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix}in\n{text}"))
+    };
+    assert!(value("tollgate_sync_calls_total") >= 1.0);
+    assert_eq!(value("tollgate_synced_units_total"), 49.0);
+    let lag = value("tollgate_sync_lag_seconds");
+    assert!((0.0..0.5).contains(&lag), "{lag}");
     // A third instance's first decision is made in Redis: it sees all 100, and its own.
     let c = Server::start(&dir, &args).await;
     let (status, remaining) = check(&client, &c.http, "fast", ("k", "v")).await;

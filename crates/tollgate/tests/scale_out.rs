@@ -1311,6 +1311,77 @@ fn synced_counts_reach_the_store_within_an_interval_and_stay_near_the_limit() {
     assert_eq!(synced + first, admitted, "{stats:?}");
 }
 
+/// Sync calls, their failures and the lag are counted per limit: one call carrying two
+/// limits' keys counts once for each (and once for the instance), and a limit's lag is
+/// the age of the oldest count one of its keys in use is decided on.
+#[test]
+fn sync_calls_failures_and_lag_are_counted_per_limit() {
+    let rt = runtime();
+    let interval = 100 * MS;
+    let a = synced_window(1_000, Duration::from_secs(3_600), interval).with_id(1);
+    let b = synced_window(50, Duration::from_secs(3_600), interval).with_id(2);
+    let store = Arc::new(MemoryStore::new());
+    let partitioned = Arc::new(AtomicU64::new(0));
+    let one = ScaleOut::new(Network {
+        store: Arc::clone(&store),
+        faults: Arc::new(parking_lot::Mutex::new(Rng(1))),
+        lost_calls: 0,
+        lost_answers: 0,
+        partitioned: Arc::clone(&partitioned),
+    });
+    let start: Nanos = 3_600 * 1_000 * MS * 1_000;
+    let per = |id: u64| {
+        one.per_limit()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, s)| s)
+            .unwrap_or_default()
+    };
+    // Each key's first decision is the store's; the next ones are local.
+    for key in ["x", "y"] {
+        for now in [start, start + MS] {
+            let checks = [Check::new(&a, key, 1), Check::new(&b, key, 1)];
+            let d = rt.block_on(one.check(now, &checks)).unwrap();
+            assert!(d.iter().all(|d| d.allowed));
+        }
+    }
+    let mut lag = one.sync_lag(start + 50 * MS);
+    lag.sort_unstable();
+    assert_eq!(lag, vec![(1, 50 * MS), (2, 50 * MS)]);
+    // One call pushes both limits' keys.
+    assert_eq!(rt.block_on(one.sync(start + interval)).unwrap(), 4);
+    assert_eq!(one.stats().sync_calls, 1);
+    assert_eq!((per(1).sync_calls, per(2).sync_calls), (1, 1));
+    assert_eq!((per(1).units_synced, per(2).units_synced), (2, 2));
+    let mut lag = one.sync_lag(start + interval + 30 * MS);
+    lag.sort_unstable();
+    assert_eq!(lag, vec![(1, 30 * MS), (2, 30 * MS)]);
+    // Only the first limit is used from now on; the store is unreachable.
+    partitioned.store(1, Ordering::Relaxed);
+    let now = start + 2 * interval;
+    assert!(
+        rt.block_on(one.check(now, &[Check::new(&a, "x", 1)]))
+            .unwrap()[0]
+            .allowed
+    );
+    assert!(rt.block_on(one.sync(now)).is_err());
+    assert_eq!((per(1).sync_failures, per(2).sync_failures), (1, 1));
+    assert_eq!(one.stats().sync_failures, 1);
+    // Past two intervals unused, the second limit's keys are not in use: no lag listed.
+    // The first's count is as old as the last call that read it.
+    let now = start + 4 * interval;
+    assert!(
+        rt.block_on(one.check(now, &[Check::new(&a, "x", 1)]))
+            .unwrap()[0]
+            .allowed
+    );
+    assert_eq!(one.sync_lag(now), vec![(1, 3 * interval)]);
+    partitioned.store(0, Ordering::Relaxed);
+    assert_eq!(rt.block_on(one.sync(now)).unwrap(), 1);
+    assert_eq!((per(1).sync_calls, per(2).sync_calls), (3, 2));
+    assert_eq!(one.sync_lag(now), vec![(1, 0)]);
+}
+
 /// Synced counting with the store unreachable: decisions stay local while the last
 /// count is recent, then go to the store (whose failure the limiter answers with the
 /// rule's failure mode); once the store answers again, a sync makes them local again

@@ -1,5 +1,6 @@
 //! Counters per limit that leased and synced counting keep (leases, units leased,
-//! expired, given back and synced), by limit id: one rule's limit, whatever its key.
+//! expired, given back and synced, sync calls), by limit id: one rule's limit, whatever
+//! its key.
 
 /// Counters of one limit (by its id: one rule's limit, whatever its key).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -16,6 +17,11 @@ pub struct LimitStats {
     pub units_returned: u64,
     /// Units pushed by sync calls.
     pub units_synced: u64,
+    /// Sync calls that carried this limit's keys (a call carrying several limits' keys
+    /// counts once for each).
+    pub sync_calls: u64,
+    /// Of those, the calls that failed (their units are pushed again).
+    pub sync_failures: u64,
 }
 
 /// The most limits [`PerLimit`] counts apart; past it, further ones are not counted per

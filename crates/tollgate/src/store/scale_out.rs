@@ -191,9 +191,20 @@ impl<S: Store> ScaleOut<S> {
         let mut all: std::collections::HashMap<u64, LimitStats> =
             self.inner.leases.per_limit.snapshot().into_iter().collect();
         for (id, s) in self.inner.syncs.per_limit.snapshot() {
-            all.entry(id).or_default().units_synced += s.units_synced;
+            let t = all.entry(id).or_default();
+            t.units_synced += s.units_synced;
+            t.sync_calls += s.sync_calls;
+            t.sync_failures += s.sync_failures;
         }
         all.into_iter().collect()
+    }
+
+    /// Each synced limit's lag at `now`, by limit id: the age of the oldest count one of
+    /// its keys in use (decided here within the last two sync intervals) is decided on,
+    /// from the sync call (or store decision) that read it. Only limits with a key in
+    /// use are listed.
+    pub fn sync_lag(&self, now: Nanos) -> Vec<(u64, Nanos)> {
+        self.inner.syncs.lag(now)
     }
 
     /// Leased units in hand at `now`, over every key.
@@ -235,6 +246,13 @@ impl<S: Store> ScaleOut<S> {
             })
             .collect();
         syncs.counters.calls.fetch_add(1, Ordering::Relaxed);
+        // The limits whose keys this call carries, each counted once.
+        let mut limits: Vec<u64> = pushes.iter().map(|p| p.limit.id()).collect();
+        limits.sort_unstable();
+        limits.dedup();
+        for &id in &limits {
+            syncs.per_limit.add(id, |s| s.sync_calls += 1);
+        }
         match self.inner.store.check(now, &checks).await {
             Ok(decisions) if decisions.len() == pushes.len() => {
                 for (p, d) in pushes.iter().zip(&decisions) {
@@ -261,6 +279,12 @@ impl<S: Store> ScaleOut<S> {
     fn unsettle(&self, pushes: &[sync::Push]) {
         let syncs = &self.inner.syncs;
         syncs.counters.failures.fetch_add(1, Ordering::Relaxed);
+        let mut limits: Vec<u64> = pushes.iter().map(|p| p.limit.id()).collect();
+        limits.sort_unstable();
+        limits.dedup();
+        for id in limits {
+            syncs.per_limit.add(id, |s| s.sync_failures += 1);
+        }
         for p in pushes {
             syncs.unsettled(p);
         }

@@ -585,6 +585,24 @@ impl Syncs {
         kept
     }
 
+    /// Each limit's lag at `now`: the age of the oldest count that one of its keys in use
+    /// (used within [`active_for`] its interval) is decided on. Limits with no key in use
+    /// are left out.
+    pub fn lag(&self, now: Nanos) -> Vec<(u64, Nanos)> {
+        let mut lag: HashMap<u64, Nanos> = HashMap::new();
+        for shard in self.shards.iter() {
+            for e in shard.lock().values() {
+                if now.saturating_sub(e.last_used) > active_for(e.interval) {
+                    continue;
+                }
+                let age = now.saturating_sub(e.synced_at);
+                let l = lag.entry(e.limit.id()).or_default();
+                *l = (*l).max(age);
+            }
+        }
+        lag.into_iter().collect()
+    }
+
     /// Units admitted here and not yet settled with the store, over every key.
     pub fn unsettled_units(&self) -> u64 {
         self.shards
