@@ -27,6 +27,7 @@
 //! store rejects only reads its regional exact checks.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,10 +85,16 @@ struct Inner<S> {
     global_down_total: AtomicU64,
     /// Told the duration of every call to the global store that answered.
     on_global_call: std::sync::OnceLock<GlobalCallObserver>,
+    /// Runs the renewals of global leases ahead of need, when set
+    /// ([`ScaleOut::spawn_with`]); else they run on the current tokio runtime.
+    spawner: std::sync::OnceLock<Spawner>,
 }
 
 /// A callback told how long each call to the global store took (one that answered).
 pub type GlobalCallObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// Runs a future to its end in the background (see [`ScaleOut::spawn_with`]).
+pub type Spawner = Arc<dyn Fn(Pin<Box<dyn Future<Output = ()> + Send>>) + Send + Sync>;
 
 /// A global limit leased while its consistency says otherwise: the default period.
 const DEFAULT_GLOBAL_PERIOD: Nanos = 100_000_000;
@@ -200,6 +207,14 @@ impl<S: Store + 'static> ScaleOut<S> {
         self.inner.on_global_call.set(f).is_ok()
     }
 
+    /// Has `f` run the renewals of global leases ahead of need (each a future to run to
+    /// its end in the background) instead of the tokio runtime current when a request
+    /// triggers one: an executor of one's own, a simulation's. Only the first spawner
+    /// set is kept; returns whether this one was.
+    pub fn spawn_with(&self, f: Spawner) -> bool {
+        self.inner.spawner.set(f).is_ok()
+    }
+
     fn build(store: S, global: Option<S>, max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -213,6 +228,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                 global_down_since: AtomicU64::new(0),
                 global_down_total: AtomicU64::new(0),
                 on_global_call: std::sync::OnceLock::new(),
+                spawner: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -535,7 +551,7 @@ impl<S: Store + 'static> ScaleOut<S> {
         budget: Option<Duration>,
     ) -> Result<Option<(Decision, Option<Spent>)>, Error> {
         let leases = &self.inner.leases;
-        for _ in 0..4 {
+        for turn in 0..5 {
             let size = match leases.spend(c.limit, c.key, c.cost, now, period) {
                 lease::Local::Decided(d, spent) => {
                     if self.is_global(c.limit) {
@@ -545,6 +561,15 @@ impl<S: Store + 'static> ScaleOut<S> {
                 }
                 lease::Local::Blocked(d) => return Ok(Some((d, None))),
                 lease::Local::Exact => return Ok(None),
+                // A fifth turn only spends what the fourth put in hand. (With four, a
+                // lease this request took on its last turn was left in hand while the
+                // request went to the store exactly: charged twice, and for a global
+                // limit not undone when a regional check then rejected the request.)
+                lease::Local::Wait(_) if turn == 4 => break,
+                lease::Local::Lease(_) if turn == 4 => {
+                    leases.failed(c.limit, c.key);
+                    break;
+                }
                 lease::Local::Wait(answered) => {
                     let _ = tokio::time::timeout(LEASE_WAIT, answered).await;
                     continue;
@@ -604,14 +629,19 @@ impl<S: Store + 'static> ScaleOut<S> {
         let Some(size) = leases.renew_ahead(c.limit, c.key, now, period) else {
             return;
         };
+        let this = self.clone();
+        let limit = *c.limit;
+        let key: Box<[u8]> = c.key.into();
+        let renewal = async move { this.renew(limit, &key, size, now, period).await };
+        if let Some(spawn) = self.inner.spawner.get() {
+            spawn(Box::pin(renewal));
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             leases.failed(c.limit, c.key);
             return;
         };
-        let this = self.clone();
-        let limit = *c.limit;
-        let key: Box<[u8]> = c.key.into();
-        runtime.spawn(async move { this.renew(limit, &key, size, now, period).await });
+        runtime.spawn(renewal);
     }
 
     /// Takes a lease of `size` units of `key` ahead of need (see [`Self::renew_ahead`]).
