@@ -161,6 +161,10 @@ pub(crate) async fn core(
         tls: tls.clone(),
         shared_connection: args.redis_shared_connection,
     };
+    if args.quota_mode && args.global_store.is_some() {
+        error!("--quota-mode cannot go with --global-store: a quota group is judged over the whole request, and `scope: global` limits are counted in another store than the region's");
+        return None;
+    }
     let store = match AnyStore::open_with_global(
         &args.store,
         args.global_store.as_deref(),

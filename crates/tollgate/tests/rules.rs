@@ -50,7 +50,7 @@ mod errors {
             e,
             [
                 "2:15: unknown failure_mode `fail_sometimes` (expected fail_open, fail_closed or local_fallback)",
-                "5:29: `local_fallback_divisor` needs `failure_mode: local_fallback` beside it",
+                "5:29: `local_fallback_divisor` needs `failure_mode: local_fallback` beside it or above it",
                 "9:29: `local_fallback_divisor` must be at least 1",
             ]
         );
@@ -75,7 +75,7 @@ mod errors {
         assert_eq!(
             e,
             [
-                "3:10: `regions` needs `failure_mode: local_fallback` beside it",
+                "3:10: `regions` needs `failure_mode: local_fallback` beside it or above it",
                 // Once for its place, though `b` inherits it too.
                 "6:12: `scope: global` limits are leased from the global store, so they cannot be `consistency: synced`; write `consistency: leased` (or nothing) beside `scope: global`",
                 "12:12: unknown scope `everywhere` (expected region or global)",
@@ -1325,4 +1325,44 @@ fn scope_is_inherited_and_a_global_limit_falls_back_to_its_regions_share() {
         Consistency::Synced { interval: 100 * MS }
     );
     assert_eq!(b.fallback.limit(), 300);
+}
+
+/// `local_fallback_divisor` and `regions` are inherited one by one: a descriptor that
+/// restates `failure_mode: local_fallback` with its own divisor keeps the regions from
+/// above, and `regions` alone under an inherited `local_fallback` is accepted.
+#[test]
+fn fallback_divisor_and_regions_are_inherited_one_by_one() {
+    let set = from_str(
+        "f.yaml",
+        "domain: d\nfailure_mode: local_fallback\nlocal_fallback_divisor: 2\nregions: 3\nscope: global\ndescriptors:\n  - key: a\n    failure_mode: local_fallback\n    local_fallback_divisor: 4\n    rate_limit: {unit: minute, requests_per_unit: 600}\n  - key: b\n    regions: 5\n    rate_limit: {unit: minute, requests_per_unit: 600}\n  - key: c\n    failure_mode: fail_closed\n    descriptors:\n      - key: d\n        failure_mode: local_fallback\n        rate_limit: {unit: minute, requests_per_unit: 600}\n",
+    )
+    .unwrap();
+    let domain = set.domains()[0];
+    let fallback = |key: &str| {
+        domain
+            .rules()
+            .iter()
+            .find(|r| r.key == key)
+            .map(|r| r.limits[0].fallback.limit())
+            .unwrap()
+    };
+    assert_eq!(fallback("a"), 600 / (4 * 3));
+    assert_eq!(fallback("b"), 600 / (2 * 5));
+    // Under a `fail_closed`, a `local_fallback` starts again from 1 and 1.
+    assert_eq!(fallback("d"), 600);
+}
+
+/// A quota group is judged over the whole request: it cannot span a global limit (in the
+/// global store) and regional ones, so `quota_mode` on a global descriptor is refused.
+#[test]
+fn quota_mode_on_a_global_limit_is_refused_with_its_place() {
+    let e = from_str(
+        "f.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    scope: global\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 600}\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string().lines().next().unwrap(),
+        "f.yaml:3:5: `quota_mode` cannot go with `scope: global`: a quota group is judged over the whole request, and a global limit is counted in another store than the region's"
+    );
 }

@@ -16,6 +16,21 @@
 //!   expired unspent in their hands. A failing seed is printed; replay it with
 //!   `SCALE_OUT_SEED=<seed>` (`SCALE_OUT_TRACE=1` prints each step), or run a range with
 //!   `SCALE_OUT_SEEDS=<a>..<b>`;
+//! - the same simulation over regions, 10,000 seeds (`regions_run`): two regions of 1–3
+//!   instances, each region with its store, and a global store; every request carries a
+//!   global leased limit and, in half the runs, a regional one (exact or leased); each
+//!   region's links to its store and to the global store have faults of their own (slow
+//!   spells, lost calls and answers, partitions that heal); global leases are renewed
+//!   ahead of need on the simulation's executor (`ScaleOut::spawn_with`). The global
+//!   limit's admissions over both regions fit one exact store, each region's admissions
+//!   of its limit fit one too; once every link heals and every instance has given back
+//!   or let expire what it held, nothing is lost or doubled: each instance's leased units
+//!   were spent by admitted requests, expired or sent back; every unit a store granted
+//!   or charged, whose answer came, went into an instance's hands or was an exact
+//!   check's; each fixed window's count is what was charged in it less what give-backs
+//!   took back (each its units or none); no request leaves the global units it just
+//!   leased in hand while the global store is charged for it exactly. Replay a seed with
+//!   `REGIONS_SEED=<seed>`, a range with `REGIONS_SEEDS=<a>..<b>`;
 //! - a property test of all-or-nothing requests mixing leased, synced and exact checks:
 //!   each limit is charged with exactly what the admitted requests spent on it;
 //! - a hot key on four instances, leased in blocks; unspent units given back; a request
@@ -32,11 +47,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::algorithm::{
-    Algorithm, Consistency, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, TokenBucket,
+    Algorithm, Consistency, FixedWindow, Gcra, LeakyBucket, LeakyMode, Limit, Scope, TokenBucket,
 };
 use tollgate::clock::Nanos;
 use tollgate::decision::Decision;
-use tollgate::store::{Check, Error, LeaseToken, MemoryStore, ScaleOut, Store};
+use tollgate::store::{rejects, Check, Error, LeaseToken, MemoryStore, ScaleOut, Store};
 
 const MS: Nanos = 1_000_000;
 
@@ -342,19 +357,57 @@ tokio::task_local! {
     static DECIDED_AT: std::cell::Cell<(Nanos, usize)>;
 }
 
-/// What every simulated run shares with its instances: the simulated clock, the
-/// network's faults and delays, and a store that may forget everything (restart).
+tokio::task_local! {
+    /// What happened to the request running in this task (the regions simulation).
+    static LOG: std::cell::RefCell<RequestLog>;
+}
+
+/// A request's calls that were answered, the leases they put in hand and its checks
+/// decided from units in hand, in order, each with the poll of the request it happened
+/// in.
+#[derive(Debug, Default)]
+struct RequestLog {
+    poll: u32,
+    events: Vec<(u32, Event)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// A call answered by the global store or the region's at its instant `at`, having
+    /// charged `charged` units: a check (`check`), or a lease.
+    Call {
+        global: bool,
+        check: bool,
+        at: Nanos,
+        charged: u64,
+    },
+    /// A check decided from units in hand; each link's last lease granted then (the
+    /// instant on its store's clock).
+    Hand { global: Nanos, region: Nanos },
+    /// A lease went in hand (the answer to the call of this poll); the units in hand
+    /// then, over every key.
+    Leased { in_hand: u64 },
+}
+
+impl RequestLog {
+    fn call(&mut self, global: bool, check: bool, at: Nanos, charged: u64) {
+        let call = Event::Call {
+            global,
+            check,
+            at,
+            charged,
+        };
+        self.events.push((self.poll, call));
+    }
+}
+
+/// One store of a simulated run and what its calls share: the simulated clock, the
+/// network's delays and faults (drawn from one schedule), and a store that may forget
+/// everything (restart).
 struct World {
     /// The store of the current epoch (0, then one more at each restart).
     store: parking_lot::Mutex<(usize, Arc<MemoryStore>)>,
     faults: parking_lot::Mutex<Rng>,
-    /// Percent of calls lost before the store, and of answers lost after it.
-    lost_calls: u64,
-    lost_answers: u64,
-    /// Percent of calls and answers that take up to 60 ms rather than up to 2 ms.
-    slow: u64,
-    /// The store is unreachable (a partition) while this is set.
-    partitioned: std::sync::atomic::AtomicBool,
     /// Calls sent, and the highest sequence number that arrived: a call that arrives
     /// after one sent later is reordered.
     sent: AtomicU64,
@@ -363,11 +416,73 @@ struct World {
     /// grants (`extra`: the units in hand at its start, plus grants of a forgotten store
     /// answered after it), and until when (`until`: a forgotten key fresh again).
     epochs: parking_lot::Mutex<Vec<Epoch>>,
+    /// What the calls that arrived did to the store (see [`Ledger`]).
+    ledger: parking_lot::Mutex<Ledger>,
     /// This run's share of [`COVERAGE`].
     late: AtomicU64,
     lost: AtomicU64,
     reordered: AtomicU64,
     trace: bool,
+}
+
+/// The way between some instances and one store (all of them and theirs, or one
+/// region's and theirs or the global one), with its faults, which may change during a
+/// run: calls and answers lost, slow ones, a partition.
+struct Link {
+    /// Percent of calls lost before the store, and of answers lost after it.
+    lost_calls: AtomicU64,
+    lost_answers: AtomicU64,
+    /// Percent of calls and answers that take up to 60 ms rather than up to 2 ms.
+    slow: AtomicU64,
+    /// The store is unreachable (a partition) while this is set.
+    partitioned: std::sync::atomic::AtomicBool,
+}
+
+impl Link {
+    fn new(lost_calls: u64, lost_answers: u64, slow: u64) -> Arc<Self> {
+        Arc::new(Self {
+            lost_calls: AtomicU64::new(lost_calls),
+            lost_answers: AtomicU64::new(lost_answers),
+            slow: AtomicU64::new(slow),
+            partitioned: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// One way's delay: up to 2 ms, or (`slow` percent of them) up to 60 ms.
+    fn delay(&self, f: &mut Rng) -> Nanos {
+        if f.chance(self.slow.load(Ordering::Relaxed)) {
+            f.below(60 * MS)
+        } else {
+            f.below(2 * MS)
+        }
+    }
+
+    /// Ends the partition and every fault.
+    fn heal(&self) {
+        self.partitioned.store(false, Ordering::Relaxed);
+        self.lost_calls.store(0, Ordering::Relaxed);
+        self.lost_answers.store(0, Ordering::Relaxed);
+        self.slow.store(0, Ordering::Relaxed);
+    }
+}
+
+/// What the calls that arrived at one store did to its count, as the store answered
+/// them: the units charged (granted by a lease or admitted by a check) and those taken
+/// back by give-backs; per fixed window besides, with the key's count after the last call
+/// in it.
+#[derive(Default)]
+struct Ledger {
+    charged: u64,
+    taken_back: u64,
+    /// Units of give-backs the store refused (the window had turned, the bucket was
+    /// charged since).
+    refused_back: u64,
+    /// Per fixed window (its index): units charged, taken back, and the count after the
+    /// last call in it.
+    windows: std::collections::BTreeMap<u64, (u64, u64, u64)>,
+    /// What no store should do: a give-back that took back other than its units or
+    /// nothing, a call of a limit of another scope (sent to the wrong store).
+    odd: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -383,17 +498,50 @@ impl World {
         sim::now()
     }
 
-    /// One way's delay: up to 2 ms, or (`slow` percent of them) up to 60 ms.
-    fn delay(&self, f: &mut Rng) -> Nanos {
-        if f.chance(self.slow) {
-            f.below(60 * MS)
-        } else {
-            f.below(2 * MS)
-        }
-    }
-
     fn epoch(&self) -> usize {
         self.store.lock().0
+    }
+
+    fn new(faults: u64, trace: bool) -> Arc<Self> {
+        Arc::new(World {
+            store: parking_lot::Mutex::new((0, Arc::new(MemoryStore::new()))),
+            faults: parking_lot::Mutex::new(Rng(faults)),
+            sent: AtomicU64::new(0),
+            arrived: AtomicU64::new(0),
+            epochs: parking_lot::Mutex::new(vec![Epoch {
+                start: 0,
+                extra: 0,
+                until: 0,
+            }]),
+            ledger: parking_lot::Mutex::default(),
+            late: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            reordered: AtomicU64::new(0),
+            trace,
+        })
+    }
+
+    /// Notes a call of `limit` that arrived at `at`: it charged `charged` units, took
+    /// `taken_back` back, refused to take `refused_back` back, and left the key with
+    /// `remaining`.
+    fn note(
+        &self,
+        at: Nanos,
+        limit: &Limit,
+        charged: u64,
+        (taken_back, refused_back): (u64, u64),
+        remaining: u64,
+    ) {
+        let mut l = self.ledger.lock();
+        l.charged += charged;
+        l.taken_back += taken_back;
+        l.refused_back += refused_back;
+        if let Algorithm::FixedWindow(_) = limit.algorithm() {
+            let w = l.windows.entry(at / limit.window()).or_default();
+            w.0 += charged;
+            w.1 += taken_back;
+            w.2 = limit.limit() - remaining.min(limit.limit());
+        }
     }
 
     /// The store forgets everything (a Redis without persistence restarts) at `now`;
@@ -423,35 +571,65 @@ impl World {
     }
 }
 
-/// The shared store as the network shows it to one instance. Each call takes a delay
-/// to the store and its answer another, so calls overlap and arrive out of order; the
-/// store decides it at its arrival (as Redis decides by its own `TIME`); a call may be
-/// lost on its way (nothing changes) or its answer lost (the store changed); an answer
-/// later than [`DEADLINE`] is given up on (`Error::Timeout`), the store changed all the
-/// same. While partitioned, calls fail at once.
+/// The shared store as the network shows it to one instance, over its [`Link`]. Each
+/// call takes a delay to the store and its answer another, so calls overlap and arrive
+/// out of order; the store decides it at its arrival (as Redis decides by its own
+/// `TIME`); a call may be lost on its way (nothing changes) or its answer lost (the store
+/// changed); an answer later than [`DEADLINE`] is given up on (`Error::Timeout`), the
+/// store changed all the same. While partitioned, calls fail at once.
 struct SimNetwork {
     world: Arc<World>,
+    link: Arc<Link>,
+    /// The global store (every limit it is sent must be of global scope), or a region's
+    /// (none may be).
+    global: bool,
     /// The last lease granted to this instance: its instant on the store's clock and
     /// the store's epoch (for the requests that waited for it).
     last_grant: parking_lot::Mutex<(Nanos, usize)>,
+    /// Units this instance sent back (give-back calls, whether or not they arrived).
+    given: AtomicU64,
+    /// Units granted or admitted by this instance's calls whose answer came.
+    answered: AtomicU64,
 }
 
 impl SimNetwork {
+    fn new(world: &Arc<World>, link: &Arc<Link>, global: bool) -> Self {
+        Self {
+            world: Arc::clone(world),
+            link: Arc::clone(link),
+            global,
+            last_grant: parking_lot::Mutex::new((0, 0)),
+            given: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes a call of `limit` sent to a store of the wrong scope.
+    fn misrouted(&self, limit: &Limit, what: &str) {
+        if (limit.scope() == Scope::Global) != self.global {
+            self.world.ledger.lock().odd.push(format!(
+                "a {what} of a {} limit was sent to the {} store",
+                limit.scope().name(),
+                if self.global { "global" } else { "regional" }
+            ));
+        }
+    }
+
     async fn call<T: 'static>(
         &self,
         apply: impl FnOnce(&MemoryStore, Nanos) -> T + 'static,
     ) -> Result<(T, Nanos, usize), Error> {
-        let w = &self.world;
-        if w.partitioned.load(Ordering::Relaxed) {
+        let (w, link) = (&self.world, &self.link);
+        if link.partitioned.load(Ordering::Relaxed) {
             return Err(Error::backend("partitioned"));
         }
         let (to, back, lose_call, lose_answer) = {
             let mut f = w.faults.lock();
             (
-                w.delay(&mut f),
-                w.delay(&mut f),
-                f.chance(w.lost_calls),
-                f.chance(w.lost_answers),
+                link.delay(&mut f),
+                link.delay(&mut f),
+                f.chance(link.lost_calls.load(Ordering::Relaxed)),
+                f.chance(link.lost_answers.load(Ordering::Relaxed)),
             )
         };
         let seq = w.sent.fetch_add(1, Ordering::Relaxed);
@@ -508,11 +686,21 @@ impl Store for SimNetwork {
         check: Check<'_>,
         _budget: Option<Duration>,
     ) -> Result<(Decision, Option<LeaseToken>), Error> {
+        self.misrouted(check.limit, "lease");
         let (limit, key, cost) = (*check.limit, check.key.to_vec(), check.cost);
+        let world = Arc::clone(&self.world);
         let ((d, token), at, epoch) = self
-            .call(move |s, at| s.lease_one(at, &Check::new(&limit, &key, cost)))
+            .call(move |s, at| {
+                let (d, token) = s.lease_one(at, &Check::new(&limit, &key, cost));
+                let charged = if d.allowed { cost } else { 0 };
+                world.note(at, &limit, charged, (0, 0), d.remaining);
+                (d, token)
+            })
             .await?;
+        let (global, charged) = (self.global, if d.allowed { cost } else { 0 });
+        let _ = LOG.try_with(|l| l.borrow_mut().call(global, false, at, charged));
         if d.allowed {
+            self.answered.fetch_add(cost, Ordering::Relaxed);
             *self.last_grant.lock() = (at, epoch);
             let current = self.world.epoch();
             if epoch < current {
@@ -538,10 +726,31 @@ impl Store for SimNetwork {
         check: Check<'_>,
         token: &LeaseToken,
     ) -> Result<(), Error> {
+        self.misrouted(check.limit, "give-back");
+        self.given.fetch_add(check.cost, Ordering::Relaxed);
         let (limit, key, cost, token) =
             (*check.limit, check.key.to_vec(), check.cost, token.clone());
+        let world = Arc::clone(&self.world);
         let (d, at, _) = self
-            .call(move |s, at| s.give_back_one(at, &Check::new(&limit, &key, cost), &token))
+            .call(move |s, at| {
+                let before = s.check_all(at, &[Check::new(&limit, &key, 0)])[0];
+                let d = s.give_back_one(at, &Check::new(&limit, &key, cost), &token);
+                // A give-back takes back its units or nothing (a fixed window's count, a
+                // bucket's room).
+                let took = d.remaining.saturating_sub(before.remaining);
+                let exact = matches!(limit.algorithm(), Algorithm::FixedWindow(_));
+                if d.remaining < before.remaining || (exact && took != 0 && took != cost) {
+                    world.ledger.lock().odd.push(format!(
+                        "a give-back of {cost} units at {} ms took the key from {} left to {}",
+                        at / MS,
+                        before.remaining,
+                        d.remaining
+                    ));
+                }
+                let back = if took > 0 { (cost, 0) } else { (0, cost) };
+                world.note(at, &limit, 0, back, d.remaining);
+                d
+            })
             .await?;
         if self.world.trace {
             eprintln!(
@@ -554,6 +763,9 @@ impl Store for SimNetwork {
     }
 
     async fn check(&self, _now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        for c in checks {
+            self.misrouted(c.limit, "check");
+        }
         let owned: Vec<_> = checks
             .iter()
             .map(|c| {
@@ -567,6 +779,7 @@ impl Store for SimNetwork {
                 )
             })
             .collect();
+        let world = Arc::clone(&self.world);
         let (d, at, _) = self
             .call(move |s, at| {
                 let checks: Vec<Check<'_>> = owned
@@ -580,9 +793,24 @@ impl Store for SimNetwork {
                         charge: *charge,
                     })
                     .collect();
-                s.check_all(at, &checks)
+                let d = s.check_all(at, &checks);
+                let admitted = !rejects(&checks, |i| d[i].allowed);
+                for (c, d) in checks.iter().zip(&d) {
+                    let charged = if admitted && d.allowed { c.cost } else { 0 };
+                    world.note(at, c.limit, charged, (0, 0), d.remaining);
+                }
+                d
             })
             .await?;
+        let admitted = !rejects(checks, |i| d[i].allowed);
+        let charged: u64 = if admitted {
+            checks.iter().map(|c| c.cost).sum()
+        } else {
+            0
+        };
+        self.answered.fetch_add(charged, Ordering::Relaxed);
+        let global = self.global;
+        let _ = LOG.try_with(|l| l.borrow_mut().call(global, true, at, charged));
         // A lease of just the request's cost goes as a plain check (it has nothing to
         // give back): the same grant as a lease's.
         if let ([c], [one]) = (checks, d.as_slice()) {
@@ -713,31 +941,9 @@ fn run(seed: u64) -> Result<(), String> {
     let restart_at: Vec<u64> = (0..restarts).map(|_| rng.below(steps)).collect();
     let base: Nanos = 1_000_000_000_000 + rng.below(1_000) * MS;
     sim::start(base);
-    let world = Arc::new(World {
-        store: parking_lot::Mutex::new((0, Arc::new(MemoryStore::new()))),
-        faults: parking_lot::Mutex::new(Rng(seed ^ 0xABCD)),
-        lost_calls,
-        lost_answers,
-        slow,
-        partitioned: std::sync::atomic::AtomicBool::new(false),
-        sent: AtomicU64::new(0),
-        arrived: AtomicU64::new(0),
-        epochs: parking_lot::Mutex::new(vec![Epoch {
-            start: 0,
-            extra: 0,
-            until: 0,
-        }]),
-        late: AtomicU64::new(0),
-        lost: AtomicU64::new(0),
-        reordered: AtomicU64::new(0),
-        trace,
-    });
-    let instance = || {
-        ScaleOut::new(SimNetwork {
-            world: Arc::clone(&world),
-            last_grant: parking_lot::Mutex::new((0, 0)),
-        })
-    };
+    let world = World::new(seed ^ 0xABCD, trace);
+    let link = Link::new(lost_calls, lost_answers, slow);
+    let instance = || ScaleOut::new(SimNetwork::new(&world, &link, false));
     let count = 2 + rng.below(4) as usize;
     // Each instance with its liveness: a crashed instance's pending requests get no
     // answer (their admissions do not count).
@@ -831,7 +1037,7 @@ fn run(seed: u64) -> Result<(), String> {
             });
         }
         if !quiet && rng.chance(2) {
-            world.partitioned.fetch_xor(true, Ordering::Relaxed);
+            link.partitioned.fetch_xor(true, Ordering::Relaxed);
         }
         for _ in restart_at.iter().filter(|&&s| s == step) {
             let in_hand = live.iter().map(|(x, _)| x.units_in_hand(now)).sum();
@@ -1026,6 +1232,755 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
         "{} seeds in {:.1} s: {counts:?}",
         seeds.end - seeds.start,
         started.elapsed().as_secs_f64()
+    );
+    if seeds.end - seeds.start >= 1_000 {
+        for (what, n) in counts {
+            assert!(n > 0, "no {what} in any run");
+        }
+    }
+}
+
+/// The ids of a regions run's limits.
+const GLOBAL_ID: u64 = 1;
+const REGIONAL_ID: u64 = 2;
+
+/// The regional limit of a regions run: a fixed window or a token bucket, tighter than
+/// a region's share of the global limit at the busiest loads, decided in the region's
+/// store or leased from it.
+fn regional_limit(rng: &mut Rng, period: Nanos) -> Limit {
+    let s = Duration::from_secs(1);
+    let algorithm = if rng.chance(50) {
+        Algorithm::FixedWindow(FixedWindow::new(40, s))
+    } else {
+        Algorithm::TokenBucket(TokenBucket::new(40, s).with_burst(15))
+    };
+    let limit = Limit::new(algorithm).unwrap().with_id(REGIONAL_ID);
+    if rng.chance(50) {
+        limit.with_consistency(Consistency::Leased { period })
+    } else {
+        limit
+    }
+}
+
+/// One instance of a regions run.
+#[derive(Clone)]
+struct Member {
+    x: ScaleOut<SimNetwork>,
+    /// Cleared when it crashes: its pending requests get no answer.
+    alive: Arc<std::sync::atomic::AtomicBool>,
+    /// Units its admitted requests spent from units in hand: of the global limit, of the
+    /// regional one.
+    spent: Arc<[AtomicU64; 2]>,
+    /// Units of its exact checks the global store and the region's store charged, whose
+    /// answer came.
+    exact: Arc<[AtomicU64; 2]>,
+}
+
+impl Member {
+    /// The global store's link, and the region's.
+    fn far(&self) -> &SimNetwork {
+        self.x.global_store().unwrap()
+    }
+
+    fn near(&self) -> &SimNetwork {
+        self.x.store()
+    }
+}
+
+/// Where a request's checks were decided, from its log: each admitted check's instant
+/// (on its store's clock) and whether it was spent from units in hand; the units its
+/// exact checks were charged, per store (global first).
+#[derive(Debug, Default)]
+struct Decoded {
+    global: Option<(Nanos, bool)>,
+    region: Option<(Nanos, bool)>,
+    exact: [u64; 2],
+}
+
+/// Reads a request's log (see [`RequestLog`]): its checks are the global limit's and,
+/// when `regional` is `Some(leased)`, the region's. A check decided from units in hand
+/// is counted at the request's own instant, or at the instant its instance's last lease
+/// was granted if later (a request that waited for it, or took it); one decided by a
+/// store call, at that call's instant. A check call whose answer put no lease in hand
+/// decided its check exactly (a lease of a request's cost or less goes as a check). The
+/// leased checks are decided in the request's order, global first, then the exact ones.
+/// A request whose global lease left what it costs in hand is then decided from it,
+/// never exactly: the store would be charged twice for it.
+fn decode(
+    log: &RequestLog,
+    now: Nanos,
+    cost: u64,
+    regional: Option<bool>,
+    admitted: bool,
+) -> Result<Decoded, String> {
+    let lease_polls: std::collections::HashSet<u32> = log
+        .events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Leased { .. }))
+        .map(|&(p, _)| p)
+        .collect();
+    // The polls after which the units in hand would have paid for the request, its global
+    // check alone leased, and none was spent: the request may not then be decided
+    // exactly (the units it had just leased stayed in hand while the store was charged
+    // for it again).
+    let left_in_hand: std::collections::HashSet<u32> = log
+        .events
+        .iter()
+        .filter(|&&(p, e)| {
+            matches!(e, Event::Leased { in_hand } if in_hand >= cost && regional != Some(true))
+                && !log
+                    .events
+                    .iter()
+                    .any(|&(q, e)| q == p && matches!(e, Event::Hand { .. }))
+        })
+        .map(|&(p, _)| p)
+        .collect();
+    let mut out = Decoded::default();
+    let (mut global_exact, mut region_exact) = (None, None);
+    let mut leased = false;
+    for &(p, e) in &log.events {
+        if let Event::Call {
+            global,
+            check,
+            at,
+            charged,
+        } = e
+        {
+            leased |= global && charged > 0 && left_in_hand.contains(&p);
+            // A global check that must be exact is charged as a lease call of its own that
+            // puts nothing in hand (so that the charge can be given back if the region
+            // rejects the request).
+            if charged == 0 || lease_polls.contains(&p) || (!check && !global) {
+                continue;
+            }
+            if leased && global {
+                return Err(format!(
+                    "a request at {} ms left the global units it had leased in hand, and was charged for its check exactly: {log:?}",
+                    now / MS,
+                ));
+            }
+            out.exact[usize::from(!global)] += charged;
+            if global {
+                global_exact = Some(at);
+            } else {
+                region_exact = Some(at);
+            }
+        }
+    }
+    if !admitted {
+        return Ok(out);
+    }
+    let nowhere = |what: &str| {
+        let at = now / MS;
+        Err(format!(
+            "the {what} check of a request at {at} ms was decided nowhere: {log:?}"
+        ))
+    };
+    let mut hands = log.events.iter().filter_map(|&(_, e)| match e {
+        Event::Hand { global, region } => Some((global, region)),
+        _ => None,
+    });
+    out.global = Some(match global_exact {
+        Some(at) => (at.max(now), false),
+        None => match hands.next() {
+            Some((g, _)) => (g.max(now), true),
+            None => return nowhere("global"),
+        },
+    });
+    if let Some(leased) = regional {
+        out.region = Some(match region_exact {
+            Some(at) => (at.max(now), false),
+            None if leased => match hands.next() {
+                Some((_, r)) => (r.max(now), true),
+                None => return nowhere("regional"),
+            },
+            None => return nowhere("exact regional"),
+        });
+    }
+    if hands.next().is_some() {
+        return Err(format!(
+            "a request at {} ms was decided from units in hand more often than it has leased checks: {log:?}",
+            now / MS
+        ));
+    }
+    Ok(out)
+}
+
+/// An admitted request of a regions run, as the checks count it.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    region: usize,
+    cost: u64,
+    global_at: Nanos,
+    region_at: Option<Nanos>,
+}
+
+/// Counts over every regions run: each must have happened somewhere.
+struct RegionsCoverage {
+    renewals: AtomicU64,
+    heals: AtomicU64,
+    given_back_in_hand: AtomicU64,
+    regional_rejections: AtomicU64,
+    taken_back: AtomicU64,
+    late: AtomicU64,
+    lost: AtomicU64,
+    crashes: AtomicU64,
+    global_exact: AtomicU64,
+    exact_kept: AtomicU64,
+}
+
+static REGIONS_COVERAGE: RegionsCoverage = RegionsCoverage {
+    renewals: AtomicU64::new(0),
+    heals: AtomicU64::new(0),
+    given_back_in_hand: AtomicU64::new(0),
+    regional_rejections: AtomicU64::new(0),
+    taken_back: AtomicU64::new(0),
+    late: AtomicU64::new(0),
+    lost: AtomicU64::new(0),
+    crashes: AtomicU64::new(0),
+    global_exact: AtomicU64::new(0),
+    exact_kept: AtomicU64::new(0),
+};
+
+/// What the requests of one regions run saw.
+#[derive(Default)]
+struct RunCounts {
+    regional_rejections: AtomicU64,
+    given_back_in_hand: AtomicU64,
+    global_exact: AtomicU64,
+    exact_kept: AtomicU64,
+}
+
+/// One simulated regions run (see [`regions_run`]). Returns what went wrong, if anything.
+fn simulate_regions(seed: u64) -> Result<(), String> {
+    let r = regions_run(seed).map_err(|e| format!("seed {seed}: {e}"));
+    sim::start(0);
+    r
+}
+
+/// Two regions of 1–3 instances each, each region with its store, and a global store:
+/// requests of a global leased limit (one of [`limits`]), with a regional limit in half
+/// the runs; each region's links to its store and to the global store slow down, lose
+/// calls and answers, and are cut off and healed; instances crash, stop and give back.
+/// Then every link heals, every instance gives back what it holds, and what is left
+/// expires.
+fn regions_run(seed: u64) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let trace = tracing_on();
+    let period = [10, 50, 100, 500][rng.below(4) as usize] * MS;
+    let all = limits(period);
+    let global = all[rng.below(all.len() as u64) as usize]
+        .with_id(GLOBAL_ID)
+        .with_scope(Scope::Global);
+    let regional = if rng.chance(50) {
+        Some(regional_limit(&mut rng, period))
+    } else {
+        None
+    };
+    let regional_leased = regional.map(|l| matches!(l.consistency(), Consistency::Leased { .. }));
+    let faulty = rng.chance(60);
+    let steps = 80;
+    let base: Nanos = 1_000_000_000_000 + rng.below(1_000) * MS;
+    sim::start(base);
+    // The regions' stores, then the global one.
+    let stores: Vec<Arc<World>> = (0..3u64)
+        .map(|k| World::new(seed ^ 0xABCD ^ (k << 40), trace))
+        .collect();
+    let link = |rng: &mut Rng| {
+        let (calls, answers) = if faulty && rng.chance(50) {
+            (rng.below(15), rng.below(15))
+        } else {
+            (0, 0)
+        };
+        let slow = if rng.chance(30) { 5 + rng.below(20) } else { 0 };
+        Link::new(calls, answers, slow)
+    };
+    // Each region's link to its store, and to the global store.
+    let links: Vec<[Arc<Link>; 2]> = (0..2).map(|_| [link(&mut rng), link(&mut rng)]).collect();
+    let renewals = Arc::new(AtomicU64::new(0));
+    let member = |r: usize| {
+        let x = ScaleOut::with_global(
+            SimNetwork::new(&stores[r], &links[r][0], false),
+            SimNetwork::new(&stores[2], &links[r][1], true),
+            1_000,
+        );
+        let n = Arc::clone(&renewals);
+        assert!(x.spawn_with(Arc::new(move |renewal| {
+            n.fetch_add(1, Ordering::Relaxed);
+            sim::spawn(renewal);
+        })));
+        Member {
+            x,
+            alive: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            spent: Arc::default(),
+            exact: Arc::default(),
+        }
+    };
+    let sizes = [1 + rng.below(3) as usize, 1 + rng.below(3) as usize];
+    let mut regions: Vec<Vec<Member>> = (0..2)
+        .map(|r| (0..sizes[r]).map(|_| member(r)).collect())
+        .collect();
+    // Every instance of the run, crashed and stopped ones included (their units are
+    // accounted for to the end).
+    let mut everyone: Vec<Member> = regions.iter().flatten().cloned().collect();
+    let admitted = Arc::new(parking_lot::Mutex::new(Vec::<Admitted>::new()));
+    let problems = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let pending = Arc::new(AtomicU64::new(0));
+    let counts = Arc::new(RunCounts::default());
+    let (mut crashes, mut heals) = (0, 0);
+    let busy = [3, 8, 15][rng.below(3) as usize];
+    let mut at = base;
+    for _ in 0..steps {
+        let gap = if rng.chance(5) { 400 } else { busy };
+        at += rng.below(gap) * MS + rng.below(MS);
+        sim::run_until(at);
+        let now = sim::now();
+        let pick = |rng: &mut Rng, regions: &Vec<Vec<Member>>| {
+            let r = rng.below(2) as usize;
+            (r, rng.below(regions[r].len() as u64) as usize)
+        };
+        if rng.chance(2) {
+            // An instance crashes and starts again, its leases lost.
+            let (r, i) = pick(&mut rng, &regions);
+            regions[r][i].alive.store(false, Ordering::Relaxed);
+            regions[r][i] = member(r);
+            everyone.push(regions[r][i].clone());
+            crashes += 1;
+            if trace {
+                eprintln!("{} ms: instance {i} of region {r} crashes", now / MS);
+            }
+        }
+        if rng.chance(2) {
+            // An instance stops: it gives its unspent units back, and starts again.
+            let (r, i) = pick(&mut rng, &regions);
+            let x = regions[r][i].x.clone();
+            sim::spawn(async move {
+                x.give_back_leases(now, true).await;
+            });
+            regions[r][i] = member(r);
+            everyone.push(regions[r][i].clone());
+            if trace {
+                eprintln!("{} ms: instance {i} of region {r} stops", now / MS);
+            }
+        }
+        if rng.chance(3) {
+            // The instances' maintenance: keys gone idle give their units back.
+            for m in regions.iter().flatten() {
+                let x = m.x.clone();
+                sim::spawn(async move {
+                    x.give_back_leases(now, false).await;
+                });
+            }
+        }
+        if rng.chance(2) {
+            // An instance gives back all it holds and goes on deciding.
+            let (r, i) = pick(&mut rng, &regions);
+            let x = regions[r][i].x.clone();
+            sim::spawn(async move {
+                x.give_back_leases(now, true).await;
+            });
+        }
+        if rng.chance(5) {
+            // A region is cut off from the global store, or joins it again.
+            let r = rng.below(2) as usize;
+            let was = links[r][1].partitioned.fetch_xor(true, Ordering::Relaxed);
+            let in_hand: u64 = regions[r].iter().map(|m| m.x.units_in_hand(now)).sum();
+            heals += u64::from(was && in_hand > 0);
+            if trace {
+                let what = if was {
+                    "joins the global store again"
+                } else {
+                    "is cut off from the global store"
+                };
+                eprintln!(
+                    "{} ms: region {r} {what} ({in_hand} units in hand)",
+                    now / MS
+                );
+            }
+        }
+        if rng.chance(1) {
+            // A region's instances are cut off from its own store, or join it again.
+            let r = rng.below(2) as usize;
+            links[r][0].partitioned.fetch_xor(true, Ordering::Relaxed);
+        }
+        if rng.chance(4) {
+            // A link's slow spell begins or ends.
+            let l = &links[rng.below(2) as usize][rng.below(2) as usize];
+            let slow = if l.slow.load(Ordering::Relaxed) > 0 {
+                0
+            } else {
+                5 + rng.below(30)
+            };
+            l.slow.store(slow, Ordering::Relaxed);
+        }
+        if faulty && rng.chance(4) {
+            // A link begins or stops losing calls and answers.
+            let l = &links[rng.below(2) as usize][rng.below(2) as usize];
+            let lossy =
+                l.lost_calls.load(Ordering::Relaxed) + l.lost_answers.load(Ordering::Relaxed) > 0;
+            let (calls, answers) = if lossy {
+                (0, 0)
+            } else {
+                (rng.below(20), rng.below(20))
+            };
+            l.lost_calls.store(calls, Ordering::Relaxed);
+            l.lost_answers.store(answers, Ordering::Relaxed);
+        }
+        let (r, i) = pick(&mut rng, &regions);
+        let cost = if rng.chance(80) { 1 } else { 1 + rng.below(5) };
+        let m = regions[r][i].clone();
+        let (admitted, problems) = (Arc::clone(&admitted), Arc::clone(&problems));
+        let (pending, counts) = (Arc::clone(&pending), Arc::clone(&counts));
+        pending.fetch_add(1, Ordering::Relaxed);
+        sim::spawn(async move {
+            let (result, log) = LOG
+                .scope(std::cell::RefCell::default(), async {
+                    let mut checks = vec![Check::new(&global, "k", cost)];
+                    if let Some(l) = &regional {
+                        checks.push(Check::new(l, "k", cost));
+                    }
+                    let x = &m.x;
+                    let mut call = std::pin::pin!(x.check(now, &checks));
+                    // Each poll: whether the answer it got put a lease in hand, and
+                    // the checks it decided from units in hand, with each link's last
+                    // lease then. (Only this task runs during its poll.)
+                    let result = std::future::poll_fn(|cx| {
+                        let poll = LOG.with(|l| {
+                            let mut l = l.borrow_mut();
+                            l.poll += 1;
+                            l.poll
+                        });
+                        let before = x.stats();
+                        let p = std::future::Future::poll(call.as_mut(), cx);
+                        let after = x.stats();
+                        let global = x.global_store().unwrap().last_grant.lock().0;
+                        let region = x.store().last_grant.lock().0;
+                        LOG.with(|l| {
+                            let mut l = l.borrow_mut();
+                            if after.units_leased > before.units_leased {
+                                let in_hand = x.units_in_hand(now);
+                                l.events.push((poll, Event::Leased { in_hand }));
+                            }
+                            for _ in before.leased_local..after.leased_local {
+                                l.events.push((poll, Event::Hand { global, region }));
+                            }
+                        });
+                        p
+                    })
+                    .await;
+                    (result, LOG.with(|l| std::mem::take(&mut *l.borrow_mut())))
+                })
+                .await;
+            pending.fetch_sub(1, Ordering::Relaxed);
+            let ok = result.as_ref().is_ok_and(|d| d.iter().all(|d| d.allowed));
+            let d = match decode(&log, now, cost, regional_leased, ok) {
+                Ok(d) => d,
+                Err(e) => {
+                    problems.lock().push(e);
+                    return;
+                }
+            };
+            for (k, units) in d.exact.iter().enumerate() {
+                m.exact[k].fetch_add(*units, Ordering::Relaxed);
+            }
+            if !ok && d.exact[0] > 0 {
+                // A global check decided exactly (it fell back from its leases) whose
+                // request the region then rejected, or failed: the charge is given back
+                // to the global store (in the background; a lost call loses it).
+                counts.exact_kept.fetch_add(d.exact[0], Ordering::Relaxed);
+                if trace {
+                    eprintln!(
+                        "{} ms: {} units charged in the global store for a request the region rejected or failed, to give back",
+                        sim::now() / MS,
+                        d.exact[0]
+                    );
+                }
+            }
+            if trace {
+                eprintln!(
+                    "{} ms: region {r} instance {i} cost {cost} sent {} ms: {result:?} {d:?}",
+                    sim::now() / MS,
+                    now / MS
+                );
+            }
+            if let Ok(ds) = &result {
+                if ds.len() == 2 && !ds[1].allowed {
+                    counts.regional_rejections.fetch_add(1, Ordering::Relaxed);
+                    let spent_global = log
+                        .events
+                        .iter()
+                        .any(|(_, e)| matches!(e, Event::Hand { .. }));
+                    if ds[0].allowed && spent_global {
+                        counts.given_back_in_hand.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            if d.exact[0] > 0 {
+                counts.global_exact.fetch_add(1, Ordering::Relaxed);
+            }
+            let (Some((global_at, from_hand)), true) = (d.global, ok) else {
+                return;
+            };
+            m.spent[0].fetch_add(if from_hand { cost } else { 0 }, Ordering::Relaxed);
+            if let Some((_, true)) = d.region {
+                m.spent[1].fetch_add(cost, Ordering::Relaxed);
+            }
+            if m.alive.load(Ordering::Relaxed) {
+                admitted.lock().push(Admitted {
+                    region: r,
+                    cost,
+                    global_at,
+                    region_at: d.region.map(|(at, _)| at),
+                });
+            }
+        });
+    }
+    // Every link heals; the calls in flight end; every instance still running gives
+    // back what it holds; what is left expires.
+    for l in links.iter().flatten() {
+        l.heal();
+    }
+    sim::run_until(sim::now() + 200 * MS);
+    let now = sim::now();
+    for m in regions.iter().flatten() {
+        let x = m.x.clone();
+        sim::spawn(async move {
+            x.give_back_leases(now, true).await;
+        });
+    }
+    sim::run_until(now + 5_000 * MS);
+    let end = sim::now();
+    for m in &everyone {
+        m.x.sweep(end);
+    }
+    let describe = format!(
+        "{global_limit} global, {regional}, instances {sizes:?}, lease period {} ms, {}",
+        period / MS,
+        if faulty { "lossy" } else { "slow" },
+        global_limit = global.algorithm().name(),
+        regional = match regional {
+            Some(l) => format!(
+                "{} regional {}",
+                l.algorithm().name(),
+                if regional_leased == Some(true) {
+                    "leased"
+                } else {
+                    "exact"
+                }
+            ),
+            None => "no regional limit".to_string(),
+        },
+    );
+    let fail = |e: String| Err(format!("({describe}) {e}"));
+    let stuck = pending.load(Ordering::Relaxed);
+    if stuck > 0 {
+        return fail(format!(
+            "{stuck} requests still waiting five seconds after the last one"
+        ));
+    }
+    if let Some(p) = problems.lock().first() {
+        return fail(p.clone());
+    }
+    for (k, w) in stores.iter().enumerate() {
+        if let Some(odd) = w.ledger.lock().odd.first() {
+            return fail(format!("store {k}: {odd}"));
+        }
+    }
+    // Never more than one exact store admits: the global limit over every instance of
+    // both regions, each region's limit over its own.
+    let mut admitted = admitted.lock().clone();
+    admitted.sort_by_key(|a| a.global_at);
+    let pairs: Vec<(Nanos, u64)> = admitted.iter().map(|a| (a.global_at, a.cost)).collect();
+    if let Err(e) = an_exact_store_admits_all(&global, &pairs) {
+        return fail(format!("global: {e}"));
+    }
+    if let Some(l) = &regional {
+        for r in 0..2 {
+            let mut pairs: Vec<(Nanos, u64)> = admitted
+                .iter()
+                .filter(|a| a.region == r)
+                .map(|a| (a.region_at.unwrap(), a.cost))
+                .collect();
+            pairs.sort_by_key(|p| p.0);
+            if let Err(e) = an_exact_store_admits_all(l, &pairs) {
+                return fail(format!("region {r}: {e}"));
+            }
+        }
+    }
+    // Nothing lost or doubled. In each instance, every unit of a lease granted to it was
+    // spent by an admitted request, expired unspent or was sent back (none is in hand
+    // any more).
+    for (n, m) in everyone.iter().enumerate() {
+        let in_hand = m.x.units_in_hand(end);
+        if in_hand > 0 {
+            return fail(format!(
+                "instance #{n} still holds {in_hand} units at the end"
+            ));
+        }
+        let per = m.x.per_limit();
+        for (k, (link, limit)) in [(m.far(), GLOBAL_ID), (m.near(), REGIONAL_ID)]
+            .into_iter()
+            .enumerate()
+        {
+            let s = per
+                .iter()
+                .find(|(id, _)| *id == limit)
+                .map(|p| p.1)
+                .unwrap_or_default();
+            let spent = m.spent[k].load(Ordering::Relaxed);
+            let given = link.given.load(Ordering::Relaxed);
+            // (Refunds of exact charges are give-backs too, of units never in hand.)
+            if s.units_leased + s.units_refunded != spent + s.units_expired + given {
+                return fail(format!(
+                    "instance #{n} was granted {} units of the {} limit; its admitted requests spent {spent}, {} expired and {given} were sent back",
+                    s.units_leased,
+                    ["global", "regional"][k],
+                    s.units_expired
+                ));
+            }
+        }
+    }
+    // Every unit a store granted or charged whose answer came is in an instance's
+    // hands (a lease) or was an exact check's; the store's count is what it charged less
+    // what it took back, in every fixed window.
+    for (k, w) in stores.iter().enumerate() {
+        let (class, limit_id, window) = match k {
+            2 => (0, GLOBAL_ID, global.window()),
+            _ => (1, REGIONAL_ID, regional.map_or(1, |l| l.window())),
+        };
+        let members: Vec<&Member> = everyone
+            .iter()
+            .filter(|m| k == 2 || Arc::ptr_eq(&m.near().world, w))
+            .collect();
+        let answered: u64 = members
+            .iter()
+            .map(|m| {
+                if k == 2 { m.far() } else { m.near() }
+                    .answered
+                    .load(Ordering::Relaxed)
+            })
+            .sum();
+        let exact: u64 = members
+            .iter()
+            .map(|m| m.exact[class].load(Ordering::Relaxed))
+            .sum();
+        let granted: u64 = members
+            .iter()
+            .flat_map(|m| m.x.per_limit())
+            .filter(|(id, _)| *id == limit_id)
+            .map(|(_, s)| s.units_leased)
+            .sum();
+        if answered != granted + exact {
+            return fail(format!(
+                "store {k} answered {answered} units granted or charged; its instances were granted {granted} and charged {exact} for exact checks"
+            ));
+        }
+        let ledger = w.ledger.lock();
+        for (&index, &(charged, taken_back, count)) in &ledger.windows {
+            if taken_back > charged || count != charged - taken_back {
+                return fail(format!(
+                    "store {k}: the window ending at {} ms counts {count}, but {charged} units were charged in it and {taken_back} taken back",
+                    (index + 1) * window / MS
+                ));
+            }
+        }
+        if trace {
+            eprintln!(
+                "store {k}: charged {}, {answered} of them answered ({granted} leased, {exact} exact), {} taken back, {} refused back",
+                ledger.charged, ledger.taken_back, ledger.refused_back
+            );
+        }
+    }
+    let c = &REGIONS_COVERAGE;
+    let add = |a: &AtomicU64, n: u64| a.fetch_add(n, Ordering::Relaxed);
+    add(&c.renewals, renewals.load(Ordering::Relaxed));
+    add(&c.heals, heals);
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    add(&c.regional_rejections, get(&counts.regional_rejections));
+    add(&c.given_back_in_hand, get(&counts.given_back_in_hand));
+    add(&c.global_exact, get(&counts.global_exact));
+    add(&c.exact_kept, get(&counts.exact_kept));
+    add(&c.taken_back, stores[2].ledger.lock().taken_back);
+    add(&c.crashes, crashes);
+    for w in &stores {
+        add(&c.late, w.late.load(Ordering::Relaxed));
+        add(&c.lost, w.lost.load(Ordering::Relaxed));
+    }
+    Ok(())
+}
+
+/// The seeds of the regions simulation: `REGIONS_SEED=<n>`, `REGIONS_SEEDS=<a>..<b>`,
+/// or 0..10,000.
+fn regions_seeds() -> std::ops::Range<u64> {
+    if let Ok(s) = std::env::var("REGIONS_SEED") {
+        let n: u64 = s.parse().unwrap();
+        return n..n + 1;
+    }
+    if let Ok(s) = std::env::var("REGIONS_SEEDS") {
+        let (a, b) = s.split_once("..").expect("REGIONS_SEEDS=<a>..<b>");
+        return a.parse().unwrap()..b.parse().unwrap();
+    }
+    0..10_000
+}
+
+#[test]
+fn regions_never_admit_more_than_a_global_limit_over_10_000_seeds() {
+    let seeds = regions_seeds();
+    let started = std::time::Instant::now();
+    let threads = 4;
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let seeds = seeds.clone();
+                s.spawn(move || {
+                    let rt = runtime();
+                    let _tokio = rt.enter();
+                    seeds
+                        .skip(t)
+                        .step_by(threads)
+                        .filter_map(|seed| simulate_regions(seed).err())
+                        .take(5)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "replay with REGIONS_SEED=<seed> (SCALE_OUT_TRACE=1 prints each step):\n{}",
+        failures.join("\n")
+    );
+    let c = &REGIONS_COVERAGE;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let counts = [
+        ("renewals ahead of need", get(&c.renewals)),
+        (
+            "regions joining the global store again with units in hand",
+            get(&c.heals),
+        ),
+        (
+            "requests the regional limit rejected",
+            get(&c.regional_rejections),
+        ),
+        (
+            "global units back in hand after a regional rejection",
+            get(&c.given_back_in_hand),
+        ),
+        ("units the global store took back", get(&c.taken_back)),
+        ("calls applied after their deadline", get(&c.late)),
+        ("calls or answers lost", get(&c.lost)),
+        ("instance crashes", get(&c.crashes)),
+    ];
+    eprintln!(
+        "{} seeds in {:.1} s: {counts:?}; global checks decided exactly: {}, units of theirs given back for requests the region rejected or failed: {}",
+        seeds.end - seeds.start,
+        started.elapsed().as_secs_f64(),
+        get(&c.global_exact),
+        get(&c.exact_kept)
     );
     if seeds.end - seeds.start >= 1_000 {
         for (what, n) in counts {

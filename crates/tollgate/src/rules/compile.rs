@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use marked_yaml::Span;
 
-use super::draft::{ConsistencyMode, DraftConsistency, DraftDomain, DraftRule};
+use super::draft::{ConsistencyMode, DraftConsistency, DraftDomain, DraftFailure, DraftRule};
 use super::error::ConfigError;
 use super::spec::LimitSpec;
 use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
@@ -91,12 +91,17 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         scope_errors: HashSet::new(),
     };
     let mut root = Level::default();
-    let failure_mode = drafts.iter().find_map(|d| d.failure).unwrap_or_default();
+    let failure_mode = drafts
+        .iter()
+        .find(|d| d.failure.mode.is_some())
+        .map_or(FailureMode::default(), |d| {
+            c.failure_over(&d.file, d.failure, FailureMode::default())
+        });
     let charge_rejected = drafts.iter().find_map(|d| d.charge);
     for draft in drafts {
         let file = draft.file;
         let inherited = (
-            draft.failure.unwrap_or_default(),
+            c.failure_over(&file, draft.failure, FailureMode::default()),
             draft.charge,
             draft.consistency,
         );
@@ -141,6 +146,44 @@ struct Compiler<'a> {
 }
 
 impl Compiler<'_> {
+    /// The failure mode that `own` settings (of a domain or descriptor in `file`) make
+    /// of `parent`'s: a `local_fallback` keeps the divisor and regions from above unless
+    /// it gives its own; a divisor or regions without `local_fallback` (here or above)
+    /// is an error with its place.
+    fn failure_over(&mut self, file: &str, own: DraftFailure, parent: FailureMode) -> FailureMode {
+        let mode = own.mode.unwrap_or(parent);
+        let FailureMode::LocalFallback { .. } = mode else {
+            for (name, given) in [
+                ("local_fallback_divisor", own.divisor),
+                ("regions", own.regions),
+            ] {
+                if let Some((_, span)) = given {
+                    let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                    if self.scope_errors.insert((line, column)) {
+                        self.errors.push(ConfigError {
+                            file: file.to_string(),
+                            line,
+                            column,
+                            message: format!(
+                                "`{name}` needs `failure_mode: local_fallback` beside it or above it"
+                            ),
+                        });
+                    }
+                }
+            }
+            return mode;
+        };
+        // What a `local_fallback` above said holds here unless this level says otherwise.
+        let (divisor, regions) = match parent {
+            FailureMode::LocalFallback { divisor, regions } => (divisor, regions),
+            _ => (1, 1),
+        };
+        FailureMode::LocalFallback {
+            divisor: own.divisor.map_or(divisor, |(v, _)| v),
+            regions: own.regions.map_or(regions, |(v, _)| v),
+        }
+    }
+
     fn level(
         &mut self,
         file: &str,
@@ -151,7 +194,7 @@ impl Compiler<'_> {
         inherited: (FailureMode, Option<ChargeRejected>, DraftConsistency),
     ) {
         for d in drafts {
-            let failure_mode = d.failure.unwrap_or(inherited.0);
+            let failure_mode = self.failure_over(file, d.failure, inherited.0);
             let charge_rejected = d.charge.or(inherited.1);
             let consistency = d.consistency.over(inherited.2);
             let (counting, scope) = match consistency.resolve() {
@@ -170,6 +213,17 @@ impl Compiler<'_> {
                     (Consistency::Exact, Scope::Region)
                 }
             };
+            if d.quota_mode && scope == Scope::Global && !d.limits.is_empty() {
+                // Quota groups are judged over the whole request, which two stores cannot
+                // do atomically.
+                let (line, column) = d.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                self.errors.push(ConfigError {
+                    file: file.to_string(),
+                    line,
+                    column,
+                    message: "`quota_mode` cannot go with `scope: global`: a quota group is judged over the whole request, and a global limit is counted in another store than the region's".into(),
+                });
+            }
             // A global limit in fallback is shared by every instance of every region.
             let divisor = match failure_mode {
                 FailureMode::LocalFallback { divisor, regions } if scope == Scope::Global => {

@@ -311,19 +311,23 @@ impl<'a> DraftReader<'a> {
         mode
     }
 
-    /// `failure_mode` (and `local_fallback_divisor`, `regions`) of a domain or descriptor.
-    fn failure_mode(&mut self, map: &MarkedMappingNode) -> Option<FailureMode> {
+    /// `failure_mode`, `local_fallback_divisor` and `regions` of a domain or descriptor,
+    /// each `None` when absent (inherited from above; the compiler checks that the
+    /// divisor and the regions go with an inherited or given `local_fallback`).
+    fn failure_mode(&mut self, map: &MarkedMappingNode) -> DraftFailure {
         let mut at_least_one = |name: &str, max: u64| match map.get_node(name) {
             None => None,
-            Some(_) => match self.yaml.number(map, name, max) {
-                Some(0) => {
-                    let span = map.get_node(name).map_or(*map.span(), |n| *n.span());
-                    self.yaml
-                        .error(&span, format!("`{name}` must be at least 1"));
-                    None
+            Some(n) => {
+                let span = *n.span();
+                match self.yaml.number(map, name, max) {
+                    Some(0) => {
+                        self.yaml
+                            .error(&span, format!("`{name}` must be at least 1"));
+                        None
+                    }
+                    other => other.map(|v| (v, span)),
                 }
-                other => other,
-            },
+            }
         };
         let divisor = at_least_one("local_fallback_divisor", 1_000_000);
         let regions = at_least_one("regions", 1_000);
@@ -336,35 +340,27 @@ impl<'a> DraftReader<'a> {
             Some("fail_open") => Some(FailureMode::FailOpen),
             Some("fail_closed") => Some(FailureMode::FailClosed),
             Some("local_fallback") => Some(FailureMode::LocalFallback {
-                divisor: divisor.unwrap_or(1),
-                regions: regions.unwrap_or(1),
+                divisor: 1,
+                regions: 1,
             }),
             Some(other) => {
                 let span = node.map_or(*map.span(), |n| *n.span());
                 self.yaml.error(&span, format!("unknown failure_mode `{other}` (expected fail_open, fail_closed or local_fallback)"));
-                return None;
+                None
             }
         };
-        if node.is_some() && mode.is_none() {
+        if node.is_some_and(|n| n.as_scalar().is_none()) {
             let span = node.map_or(*map.span(), |n| *n.span());
             self.yaml.error(
                 &span,
                 "`failure_mode` must be fail_open, fail_closed or local_fallback",
             );
         }
-        for (name, given) in [
-            ("local_fallback_divisor", divisor.is_some()),
-            ("regions", regions.is_some()),
-        ] {
-            if given && !matches!(mode, Some(FailureMode::LocalFallback { .. })) {
-                let span = map.get_node(name).map_or(*map.span(), |n| *n.span());
-                self.yaml.error(
-                    &span,
-                    format!("`{name}` needs `failure_mode: local_fallback` beside it"),
-                );
-            }
+        DraftFailure {
+            mode,
+            divisor,
+            regions,
         }
-        mode
     }
 
     /// `consistency`, `lease_period` and `sync_interval` of a domain or descriptor, each
@@ -663,13 +659,23 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     }
 }
 
+/// A domain's or descriptor's failure settings as written: each `None` when absent.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DraftFailure {
+    /// `failure_mode` (a `local_fallback`'s divisor and regions are in the fields below).
+    pub(crate) mode: Option<FailureMode>,
+    /// `local_fallback_divisor` and `regions`, with their places.
+    pub(crate) divisor: Option<(u64, Span)>,
+    pub(crate) regions: Option<(u64, Span)>,
+}
+
 /// A domain as read from one file, before compiling.
 #[derive(Debug)]
 pub(crate) struct DraftDomain {
     pub(crate) name: String,
     pub(crate) file: String,
     pub(crate) span: Span,
-    pub(crate) failure: Option<FailureMode>,
+    pub(crate) failure: DraftFailure,
     pub(crate) consistency: DraftConsistency,
     pub(crate) charge: Option<ChargeRejected>,
     pub(crate) descriptors: Vec<DraftRule>,
@@ -705,7 +711,7 @@ pub(crate) struct DraftRule {
     pub(crate) value_to_metric: bool,
     pub(crate) share_threshold: bool,
     pub(crate) quota_mode: bool,
-    pub(crate) failure: Option<FailureMode>,
+    pub(crate) failure: DraftFailure,
     pub(crate) charge: Option<ChargeRejected>,
     pub(crate) consistency: DraftConsistency,
     pub(crate) metadata: Option<Metadata>,

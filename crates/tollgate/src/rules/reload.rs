@@ -35,7 +35,7 @@ pub struct Rules {
     /// A set from the files is in force (false only while `load_or_wait`'s first load
     /// has not succeeded yet).
     loaded: AtomicBool,
-    before_swap: Mutex<Option<Arc<BeforeSwap>>>,
+    before_swap: Mutex<Vec<Arc<BeforeSwap>>>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
     /// What the files looked like at the last reload; held through a reload, so that
@@ -131,7 +131,7 @@ impl Rules {
         Self {
             current: ArcSwap::from_pointee(set),
             loaded: AtomicBool::new(true),
-            before_swap: Mutex::new(None),
+            before_swap: Mutex::new(Vec::new()),
             paths: Vec::new(),
             options: LoadOptions::default(),
             seen: Mutex::new(Seen::default()),
@@ -159,10 +159,11 @@ impl Rules {
     /// calls `reload` (the file watcher's, the SIGHUP thread, `POST /reload`'s) and may
     /// block it: the old set serves until the hook returns. For example, a store can
     /// prepare what the new limits need (the server loads the Redis scripts of their
-    /// algorithms), so that the first requests under the new rules find it ready. One
-    /// hook at a time: setting another replaces it.
+    /// algorithms), so that the first requests under the new rules find it ready.
+    /// Several hooks run in the order they were added (the server adds one per Redis
+    /// store: the region's and the global one).
     pub fn before_swap(&self, hook: impl Fn(&RuleSet) + Send + Sync + 'static) {
-        *self.before_swap.lock() = Some(Arc::new(hook));
+        self.before_swap.lock().push(Arc::new(hook));
     }
 
     /// The paths the rules are loaded from.
@@ -201,8 +202,8 @@ impl Rules {
         match load(&self.paths, self.options) {
             Ok(set) => {
                 let (domains, rules) = summary(&set);
-                let hook = self.before_swap.lock().clone();
-                if let Some(hook) = hook {
+                let hooks = self.before_swap.lock().clone();
+                for hook in hooks {
                     hook(&set);
                 }
                 self.current.store(Arc::new(set));

@@ -164,7 +164,8 @@ pub fn next_size(
 /// rejected.
 #[derive(Debug, Default)]
 pub struct Spent {
-    pieces: Vec<(u64, u64)>,
+    /// Each lease spent from, as it was but for its token, with the units taken from it.
+    pieces: Vec<Lease>,
 }
 
 /// What an instance knows of one key of one limit.
@@ -360,7 +361,11 @@ impl Leases {
                 if take > 0 {
                     l.units -= take;
                     need -= take;
-                    spent.pieces.push((l.seq, take));
+                    spent.pieces.push(Lease {
+                        units: take,
+                        token: None,
+                        ..*l
+                    });
                 }
             }
             e.spent = e.spent.saturating_add(cost);
@@ -413,6 +418,8 @@ impl Leases {
             || *e.key != *key
             || e.leasing.is_some()
             || e.size < 2
+            // A lease taken by this very request says nothing of the key's rate yet.
+            || now <= e.taken_at
             || now < e.blocked_until
             || e.leases.len() >= MAX_LEASES_PER_KEY
         {
@@ -508,10 +515,24 @@ impl Leases {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
         let Some(e) = shard.get_mut(&fp) else { return };
-        for &(seq, n) in &spent.pieces {
-            if let Some(l) = e.leases.iter_mut().find(|l| l.seq == seq) {
-                l.units += n;
+        for piece in &spent.pieces {
+            if let Some(l) = e.leases.iter_mut().find(|l| l.seq == piece.seq) {
+                l.units += piece.units;
+                continue;
             }
+            // The lease left the table while the request was deciding its other checks
+            // (another request spent its last units, or what was left of it went back to
+            // the store): the units come back as a lease of their own, with its expiry
+            // and in its place, but no token (they are spent here or expire). Dropped,
+            // they were lost: neither spent nor given back, and the store counted them
+            // until they expired there (a global check whose request waited for the
+            // region's store lost them often).
+            let at = e
+                .leases
+                .iter()
+                .position(|l| l.seq > piece.seq)
+                .unwrap_or(e.leases.len());
+            e.leases.insert(at, piece.clone());
         }
     }
 

@@ -17,6 +17,9 @@ pub struct LimitStats {
     pub units_returned: u64,
     /// Units pushed by sync calls.
     pub units_synced: u64,
+    /// Units of a global limit's exact charges sent back to the global store because a
+    /// regional limit rejected their request (or its store failed).
+    pub units_refunded: u64,
     /// Sync calls that carried this limit's keys (a call carrying several limits' keys
     /// counts once for each).
     pub sync_calls: u64,

@@ -27,6 +27,7 @@
 //! store rejects only reads its regional exact checks.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,9 @@ const RETURNS_IN_FLIGHT: usize = 64;
 /// How long a request waits for another request's lease call on the same key before
 /// looking again.
 const LEASE_WAIT: Duration = Duration::from_millis(50);
+
+/// As [`LEASE_WAIT`], for a global key: a bound only in case the call is never answered.
+const GLOBAL_LEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// A shared store with leased and synced counting in front. See the module
 /// documentation.
@@ -86,10 +90,16 @@ struct Inner<S> {
     global_rtt: AtomicU64,
     /// Told the duration of every call to the global store that answered.
     on_global_call: std::sync::OnceLock<GlobalCallObserver>,
+    /// Runs the renewals of global leases ahead of need, when set
+    /// ([`ScaleOut::spawn_with`]); else they run on the current tokio runtime.
+    spawner: std::sync::OnceLock<Spawner>,
 }
 
 /// A callback told how long each call to the global store took (one that answered).
 pub type GlobalCallObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// Runs a future to its end in the background (see [`ScaleOut::spawn_with`]).
+pub type Spawner = Arc<dyn Fn(Pin<Box<dyn Future<Output = ()> + Send>>) + Send + Sync>;
 
 /// A global limit leased while its consistency says otherwise: the default period.
 const DEFAULT_GLOBAL_PERIOD: Nanos = 100_000_000;
@@ -148,7 +158,19 @@ fn route(c: &Check<'_>, global: bool) -> Route {
     }
     match c.limit.consistency() {
         Consistency::Leased { period } => Route::Leased(period.max(1)),
-        _ if global && c.limit.scope() == Scope::Global => Route::Leased(DEFAULT_GLOBAL_PERIOD),
+        // A global limit that says another consistency is leased all the same, if a
+        // lease can keep its meaning.
+        _ if global
+            && c.limit.scope() == Scope::Global
+            && c.limit
+                .with_consistency(Consistency::Leased {
+                    period: DEFAULT_GLOBAL_PERIOD,
+                })
+                .consistency_conflict()
+                .is_none() =>
+        {
+            Route::Leased(DEFAULT_GLOBAL_PERIOD)
+        }
         Consistency::Exact => Route::Exact,
         Consistency::Synced { interval } => Route::Synced(interval.max(1)),
     }
@@ -202,6 +224,14 @@ impl<S: Store + 'static> ScaleOut<S> {
         self.inner.on_global_call.set(f).is_ok()
     }
 
+    /// Has `f` run the renewals of global leases ahead of need (each a future to run to
+    /// its end in the background) instead of the tokio runtime current when a request
+    /// triggers one: an executor of one's own, a simulation's. Only the first spawner
+    /// set is kept; returns whether this one was.
+    pub fn spawn_with(&self, f: Spawner) -> bool {
+        self.inner.spawner.set(f).is_ok()
+    }
+
     fn build(store: S, global: Option<S>, max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -216,6 +246,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                 global_down_total: AtomicU64::new(0),
                 global_rtt: AtomicU64::new(0),
                 on_global_call: std::sync::OnceLock::new(),
+                spawner: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -260,11 +291,18 @@ impl<S: Store + 'static> ScaleOut<S> {
         let result = call.await;
         match &result {
             Ok(_) => {
-                let since = inner.global_down_since.swap(0, Ordering::Relaxed);
-                if since > 0 {
+                // A call sent before the spell began says nothing of its end.
+                let since = inner.global_down_since.load(Ordering::Relaxed);
+                if since > 0
+                    && now >= since
+                    && inner
+                        .global_down_since
+                        .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
                     inner
                         .global_down_total
-                        .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+                        .fetch_add(now - since, Ordering::Relaxed);
                 }
                 let took = started.elapsed();
                 let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
@@ -555,7 +593,7 @@ impl<S: Store + 'static> ScaleOut<S> {
         } else {
             period
         };
-        for _ in 0..4 {
+        for turn in 0..5 {
             let size = match leases.spend(c.limit, c.key, c.cost, now, period) {
                 lease::Local::Decided(d, spent) => {
                     if self.is_global(c.limit) {
@@ -565,8 +603,35 @@ impl<S: Store + 'static> ScaleOut<S> {
                 }
                 lease::Local::Blocked(d) => return Ok(Some((d, None))),
                 lease::Local::Exact => return Ok(None),
+                // A fifth turn only spends what the fourth put in hand. (With four, a
+                // lease this request took on its last turn was left in hand while the
+                // request went to the store exactly: charged twice, and for a global
+                // limit not undone when a regional check then rejected the request.)
+                lease::Local::Wait(_) if turn == 4 => break,
+                lease::Local::Lease(_) if turn == 4 => {
+                    leases.failed(c.limit, c.key);
+                    break;
+                }
                 lease::Local::Wait(answered) => {
-                    let _ = tokio::time::timeout(LEASE_WAIT, answered).await;
+                    // While the global store fails, one request per key probes it; the
+                    // others get the failure mode at once instead of waiting out its
+                    // deadline one after another.
+                    if self.is_global(c.limit)
+                        && self.inner.global_down_since.load(Ordering::Relaxed) > 0
+                    {
+                        return Err(Error::backend(
+                            "the global store is failing (another request of this key is asking it for a lease)",
+                        ));
+                    }
+                    // A global store is far: its lease call (bounded by its own deadline,
+                    // and which always wakes the waiters) is waited for as long as it takes,
+                    // rather than each waiter calling it too.
+                    let wait = if self.is_global(c.limit) {
+                        GLOBAL_LEASE_WAIT
+                    } else {
+                        LEASE_WAIT
+                    };
+                    let _ = tokio::time::timeout(wait, answered).await;
                     continue;
                 }
                 lease::Local::Lease(size) => size,
@@ -620,41 +685,73 @@ impl<S: Store + 'static> ScaleOut<S> {
     /// Once half of a global key's last lease is spent, takes the next one in the
     /// background, so that its decisions do not wait on the global store.
     fn renew_ahead(&self, c: &Check<'_>, now: Nanos, period: Nanos) {
+        // While the global store fails, requests that need a lease ask for it themselves.
+        if self.inner.global_down_since.load(Ordering::Relaxed) > 0 {
+            return;
+        }
         let leases = &self.inner.leases;
         let Some(size) = leases.renew_ahead(c.limit, c.key, now, period) else {
             return;
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            leases.failed(c.limit, c.key);
-            return;
-        };
-        let this = self.clone();
-        let limit = *c.limit;
-        let key: Box<[u8]> = c.key.into();
-        runtime.spawn(async move { this.renew(limit, &key, size, now, period).await });
-    }
-
-    /// Takes a lease of `size` units of `key` ahead of need (see [`Self::renew_ahead`]).
-    async fn renew(&self, limit: Limit, key: &[u8], size: u64, now: Nanos, period: Nanos) {
-        let leases = &self.inner.leases;
-        let mut call = LeaseCall {
-            leases,
-            limit: &limit,
-            key,
+        // Made before the task: a task dropped before it ran still marks the call over.
+        let call = Renewal {
+            this: self.clone(),
+            limit: *c.limit,
+            key: c.key.into(),
             answered: false,
         };
-        let store = self.store_of(&limit);
+        let renewal = async move { call.run(size, now, period).await };
+        self.spawn(Box::pin(renewal));
+    }
+
+    /// Runs `task` in the background: with the spawner set by [`Self::spawn_with`], else
+    /// on the current tokio runtime. Without either it is dropped.
+    fn spawn(&self, task: Pin<Box<dyn Future<Output = ()> + Send>>) {
+        if let Some(spawn) = self.inner.spawner.get() {
+            spawn(task);
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(task);
+        }
+    }
+}
+
+/// A lease taken ahead of need, in the background: marked over when dropped unanswered
+/// (the task failed, or was dropped before it ran), so that requests waiting for it do
+/// not wait in vain.
+struct Renewal<S: Store + 'static> {
+    this: ScaleOut<S>,
+    limit: Limit,
+    key: Box<[u8]>,
+    answered: bool,
+}
+
+impl<S: Store + 'static> Drop for Renewal<S> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.this.inner.leases.failed(&self.limit, &self.key);
+        }
+    }
+}
+
+impl<S: Store + 'static> Renewal<S> {
+    /// Takes a lease of `size` units ahead of need (see [`ScaleOut::renew_ahead`]).
+    async fn run(mut self, size: u64, now: Nanos, period: Nanos) {
+        let (this, limit) = (self.this.clone(), self.limit);
+        let key: &[u8] = &self.key.clone();
+        let leases = &this.inner.leases;
+        let store = this.store_of(&limit);
         let mut asked = size;
         for _ in 0..3 {
             let ask = Check::new(&limit, key, asked);
-            match self.call(&limit, now, store.lease(now, ask, None)).await {
+            match this.call(&limit, now, store.lease(now, ask, None)).await {
                 Ok((d, token)) if d.allowed => {
                     leases.taken(&limit, key, asked, asked, &d, now, period, token);
-                    call.answered = true;
+                    self.answered = true;
                     return;
                 }
                 Ok((d, _)) => {
-                    let fair = d.remaining / 2;
+                    // Less than asked is left: half of it (the last unit too).
+                    let fair = (d.remaining / 2).max(d.remaining.min(1));
                     if fair >= 1 && fair < asked {
                         asked = fair;
                         continue;
@@ -662,7 +759,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                     // No room: the units in hand are still spent; no lease is asked
                     // for again before a retry could pass.
                     leases.taken(&limit, key, asked, 0, &d, now, period, None);
-                    call.answered = true;
+                    self.answered = true;
                     return;
                 }
                 Err(e) => {
@@ -672,7 +769,9 @@ impl<S: Store + 'static> ScaleOut<S> {
             }
         }
     }
+}
 
+impl<S: Store + 'static> ScaleOut<S> {
     async fn decide(
         &self,
         now: Nanos,
@@ -895,12 +994,14 @@ impl<S: Store + 'static> ScaleOut<S> {
                 (*c.limit, c.key.into(), c.cost, token.clone())
             })
             .collect();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!("charges of a rejected request could not be given back to the global store: no runtime");
-            return;
-        };
+        for (limit, _, cost, _) in &refunds {
+            self.inner
+                .leases
+                .per_limit
+                .add(limit.id(), |s| s.units_refunded += cost);
+        }
         let this = self.clone();
-        runtime.spawn(async move {
+        self.spawn(Box::pin(async move {
             for (limit, key, cost, token) in &refunds {
                 let store = this.store_of(limit);
                 let check = Check::new(limit, &**key, *cost);
@@ -908,7 +1009,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                     tracing::debug!(error = %e, "a rejected request's charge could not be given back to the global store; it expires");
                 }
             }
-        });
+        }));
     }
 
     fn give_back(&self, checks: &[Check<'_>], undo: &[Undo]) {
