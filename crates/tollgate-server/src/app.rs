@@ -161,7 +161,14 @@ pub(crate) async fn core(
         tls: tls.clone(),
         shared_connection: args.redis_shared_connection,
     };
-    let store = match AnyStore::open(&args.store, &options).await {
+    let store = match AnyStore::open_with_global(
+        &args.store,
+        args.global_store.as_deref(),
+        args.global_store_deadline,
+        &options,
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
             error!(store = %args.store, "cannot open the store: {e}");
@@ -257,13 +264,14 @@ async fn run(args: ServeArgs) -> ExitCode {
         retry_after: args.retry_after,
         problem_body: args.problem_body,
     };
+    let metrics = Metrics::for_store(
+        args.common.near_limit_ratio,
+        args.common.region.as_deref(),
+        limiter.store(),
+    );
     let service = Arc::new(
-        Service::new(
-            Arc::new(limiter),
-            Arc::new(Metrics::new(args.common.near_limit_ratio)),
-            headers,
-        )
-        .with_dynamic_metadata(args.response_dynamic_metadata),
+        Service::new(Arc::new(limiter), Arc::new(metrics), headers)
+            .with_dynamic_metadata(args.response_dynamic_metadata),
     );
     // On Redis: reloads load the new rules' scripts before the swap, and the start
     // waits (bounded) for the workers' connections and the scripts (see warm.rs).

@@ -314,6 +314,22 @@ pub struct CommonArgs {
     /// below half the deadline: an impatient caller still gets Redis's decision).
     #[arg(long, env = "TOLLGATE_REDIS_DEADLINE", default_value = "20ms", value_parser = parse_duration)]
     pub redis_deadline: Duration,
+    /// This instance's region, for multi-region deployments: every metric carries it as
+    /// a `region` label.
+    #[arg(long, env = "TOLLGATE_REGION")]
+    pub region: Option<String>,
+    /// The store shared by every region (`redis://`, `rediss://`, `redis+unix://` or
+    /// `redis+cluster://`, with the same TLS settings as `--store`): limits with
+    /// `scope: global` are leased from it, the others stay in `--store` (the region's
+    /// Redis). Needs a Redis `--store`. Without it, `scope` changes nothing.
+    #[arg(long, env = "TOLLGATE_GLOBAL_STORE")]
+    pub global_store: Option<String>,
+    /// Deadline of each call to `--global-store` (leases of global limits, mostly taken
+    /// ahead of need in the background); past it, the rule's `failure_mode` answers a
+    /// request that needed it. Longer than `--redis-deadline`, as the global store is
+    /// usually in another region.
+    #[arg(long, env = "TOLLGATE_GLOBAL_STORE_DEADLINE", default_value = "500ms", value_parser = parse_duration)]
+    pub global_store_deadline: Duration,
     /// Prefix of every Redis key.
     #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
     pub redis_prefix: String,

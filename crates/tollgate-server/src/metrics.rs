@@ -1,5 +1,5 @@
 //! Prometheus metrics: per rule (domain and descriptor path), decision latency, rule
-//! loads, store size.
+//! loads, store size. With `--region`, every series also carries a `region` label.
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
@@ -25,6 +25,9 @@
 //! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | domain, descriptor | sync calls that carried the rule's keys (`consistency: synced`; one call per interval carries every key, and counts once for each rule), those that failed |
 //! | `tollgate_synced_units_total` | domain, descriptor | units pushed by sync calls |
 //! | `tollgate_sync_lag_seconds` | domain, descriptor | age of the oldest count a key of the rule in use is decided on, from the sync call that read it (0: no key in use) |
+//! | `tollgate_global_lease_duration_seconds` | | round trip of each call to the global store that answered (`--global-store`; leases of `scope: global` limits, mostly taken ahead of need) |
+//! | `tollgate_global_store_calls_total`, `tollgate_global_store_failures_total` | | calls to the global store, and those that failed |
+//! | `tollgate_global_fallback_seconds_total` | | seconds the global store has been failing (from a failed call to the next that answered): the time global limits spent on leases in hand, then on their `failure_mode` |
 //! | `tollgate_connections` | listener | connections open |
 //! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
 //! | `tollgate_accept_errors_total` | listener | `accept` calls that failed for want of resources (file descriptors) | Label sets are capped so that no traffic can grow them without
@@ -32,6 +35,7 @@
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
 
+use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
@@ -193,8 +197,21 @@ impl RuleCounters {
 impl Metrics {
     /// Creates the registry. `near_limit_ratio`: a hit counts as near the limit when
     /// the used share of the limit reaches it (Envoy's default 0.8).
+    #[cfg(test)]
     pub fn new(near_limit_ratio: f64) -> Self {
-        let mut registry = Registry::with_prefix("tollgate");
+        Self::in_region(near_limit_ratio, None)
+    }
+
+    /// As [`new`](Self::new), every series labelled with `region` when one is given
+    /// (`--region`).
+    pub fn in_region(near_limit_ratio: f64, region: Option<&str>) -> Self {
+        let mut registry = match region {
+            Some(r) => Registry::with_prefix_and_labels(
+                "tollgate",
+                [(Cow::Borrowed("region"), Cow::Owned(r.to_string()))].into_iter(),
+            ),
+            None => Registry::with_prefix("tollgate"),
+        };
         let total_hits = Family::<RuleLabels, Counter>::default();
         let over_limit = Family::<RuleLabels, Counter>::default();
         let near_limit = Family::<RuleLabels, Counter>::default();
@@ -473,6 +490,19 @@ impl Metrics {
         rule
     }
 
+    /// Metrics for `store` in `region` (see [`in_region`](Self::in_region)): with a
+    /// global store, its calls' durations are observed as they happen.
+    pub fn for_store(near_limit_ratio: f64, region: Option<&str>, store: &AnyStore) -> Self {
+        let metrics = Self::in_region(near_limit_ratio, region);
+        if let Some(scale) = store.scale_out() {
+            let histogram = metrics.scale_out.global_call_seconds.clone();
+            scale.observe_global_calls(Arc::new(move |d: std::time::Duration| {
+                histogram.observe(d.as_secs_f64());
+            }));
+        }
+        metrics
+    }
+
     /// The exposition text, with the rule-load and store figures brought up to date.
     pub fn render(&self, rules: &Rules, store: &AnyStore, fallback: &MemoryStore) -> String {
         let sync = |c: &Counter, total: u64| {
@@ -491,10 +521,12 @@ impl Metrics {
             self.circuit_open.set(i64::from(r.open_now));
         }
         if let Some(scale) = store.scale_out() {
+            let now = SystemClock.now();
             self.scale_out.render(
                 &scale.stats(),
                 &scale.per_limit(),
-                &scale.sync_lag(SystemClock.now()),
+                &scale.sync_lag(now),
+                scale.global_down(now),
                 rules,
                 sync,
             );
@@ -523,6 +555,10 @@ struct ScaleOutMetrics {
     sync_failures: Family<RuleLabels, Counter>,
     synced_units: Family<RuleLabels, Counter>,
     sync_lag: Family<RuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    global_call_seconds: Histogram,
+    global_calls: Counter,
+    global_failures: Counter,
+    global_down_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -592,7 +628,35 @@ impl ScaleOutMetrics {
             "Age in seconds of the oldest count a key of the rule in use is decided on (0: none in use)",
             sync_lag.clone(),
         );
+        let global_call_seconds = Histogram::new(exponential_buckets(0.000_5, 2.0, 14));
+        let global_calls = Counter::default();
+        let global_failures = Counter::default();
+        let global_down_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "global_lease_duration_seconds",
+            "Round trip of each call to the global store that answered (leases of scope: global limits, mostly taken ahead of need)",
+            global_call_seconds.clone(),
+        );
+        registry.register(
+            "global_store_calls",
+            "Calls to the global store (leases, give-backs, exact checks of global limits)",
+            global_calls.clone(),
+        );
+        registry.register(
+            "global_store_failures",
+            "Calls to the global store that failed (then the rule's failure_mode answers requests that needed it)",
+            global_failures.clone(),
+        );
+        registry.register(
+            "global_fallback_seconds",
+            "Seconds the global store has been failing, from a failed call to the next one that answered",
+            global_down_seconds.clone(),
+        );
         Self {
+            global_call_seconds,
+            global_calls,
+            global_failures,
+            global_down_seconds,
             leases,
             refused: leases_refused,
             units: leased_units,
@@ -613,6 +677,7 @@ impl ScaleOutMetrics {
         s: &tollgate::store::ScaleOutStats,
         per_limit: &[(u64, tollgate::store::LimitStats)],
         sync_lag: &[(u64, tollgate::clock::Nanos)],
+        global_down: tollgate::clock::Nanos,
         rules: &Rules,
         sync: impl Fn(&Counter, u64),
     ) {
@@ -683,6 +748,13 @@ impl ScaleOutMetrics {
             }),
             s.leased_local,
         );
+        sync(&self.global_calls, s.global_calls);
+        sync(&self.global_failures, s.global_failures);
+        let down = global_down as f64 / 1e9;
+        let counted = self.global_down_seconds.get();
+        if down > counted {
+            self.global_down_seconds.inc_by(down - counted);
+        }
         sync(
             &self.local.get_or_create(&ConsistencyLabels {
                 consistency: "synced",

@@ -43,6 +43,37 @@ pub struct StoreOptions {
 }
 
 impl AnyStore {
+    /// Opens `spec` (as [`open`](Self::open)) with `global`, the store every region
+    /// shares, beside it: limits of `scope: global` are leased from it. `global` needs
+    /// a Redis `spec`; its calls have `global_deadline`.
+    pub async fn open_with_global(
+        spec: &str,
+        global: Option<&str>,
+        global_deadline: Duration,
+        options: &StoreOptions,
+    ) -> Result<Self, String> {
+        let Some(global) = global else {
+            return Self::open(spec, options).await;
+        };
+        let Self::Redis(regional, _) = Self::open(spec, options).await? else {
+            return Err(format!(
+                "a global store (`{global}`) needs a Redis store beside it, not `{spec}`"
+            ));
+        };
+        let options = StoreOptions {
+            deadline: global_deadline,
+            ..options.clone()
+        };
+        let Self::Redis(global, _) = Self::open(global, &options)
+            .await
+            .map_err(|e| format!("the global store: {e}"))?
+        else {
+            return Err(format!("the global store must be Redis, not `{global}`"));
+        };
+        let scale = ScaleOut::with_global(Arc::clone(&regional), global, store::DEFAULT_MAX_KEYS);
+        Ok(Self::Redis(regional, scale))
+    }
+
     /// Opens `spec`: `memory`, `redis://host:port`, `redis+unix:///path`, or
     /// `redis+cluster://h1:p1,h2:p2`.
     pub async fn open(spec: &str, options: &StoreOptions) -> Result<Self, String> {

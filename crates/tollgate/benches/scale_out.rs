@@ -293,6 +293,9 @@ fn add(a: ScaleOutStats, b: ScaleOutStats) -> ScaleOutStats {
         units_synced: a.units_synced + b.units_synced,
         synced_local: a.synced_local + b.synced_local,
         last_sync: a.last_sync.max(b.last_sync),
+        global_calls: a.global_calls + b.global_calls,
+        global_failures: a.global_failures + b.global_failures,
+        global_down: a.global_down + b.global_down,
     }
 }
 

@@ -101,7 +101,7 @@ mod errors {
     #[test]
     fn an_unknown_key_is_named_with_its_place() {
         let e = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 1}\n");
-        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor, charge_rejected, consistency, lease_period, sync_interval)"]);
+        assert_eq!(e, ["4:5: unknown key `ratelimit` in a descriptor (expected one of: key, value, rate_limit, rate_limits, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, descriptors, failure_mode, local_fallback_divisor, regions, charge_rejected, consistency, lease_period, sync_interval, scope)"]);
     }
 
     #[test]
@@ -457,7 +457,7 @@ mod errors {
         assert_eq!(set.domains().len(), 1);
         assert_eq!(
             errors("\u{feff}domain: d\nextra: 1\n"),
-            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, charge_rejected, consistency, lease_period, sync_interval)"]
+            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, regions, charge_rejected, consistency, lease_period, sync_interval, scope)"]
         );
         #[cfg(feature = "tower")]
         assert!(tollgate::http::config::from_str("f.yaml", text)

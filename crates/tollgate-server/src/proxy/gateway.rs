@@ -118,9 +118,14 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     };
     // The admin endpoints (metrics, health, rules, reload) see the same limiter and the
     // metrics the layer records into.
+    let metrics = Metrics::for_store(
+        args.common.near_limit_ratio,
+        args.common.region.as_deref(),
+        limiter.store(),
+    );
     let service = Arc::new(Service::new(
         Arc::new(limiter),
-        Arc::new(Metrics::new(args.common.near_limit_ratio)),
+        Arc::new(metrics),
         HeaderSettings {
             legacy: args.common.legacy_headers,
             ..HeaderSettings::default()

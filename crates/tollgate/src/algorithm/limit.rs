@@ -62,6 +62,31 @@ pub struct Limit {
     lockout: Option<Lockout>,
     id: u64,
     consistency: Consistency,
+    scope: Scope,
+}
+
+/// Where a limit is counted when instances run in several regions (a rule file's
+/// `scope`). Only a store with a global store beside the regional one reads it
+/// (`store::ScaleOut::with_global`, feature `redis`); elsewhere every limit is counted in
+/// the one store there is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scope {
+    /// Counted in the region's own store: each region has the whole limit.
+    #[default]
+    Region,
+    /// One limit for all regions together, leased from the global store (its
+    /// [`Consistency`] is `Leased`).
+    Global,
+}
+
+impl Scope {
+    /// The name used in rule files: `region` or `global`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scope::Region => "region",
+            Scope::Global => "global",
+        }
+    }
 }
 
 /// How instances that share a store count a limit (a rule file's `consistency`). Only a
@@ -128,6 +153,7 @@ impl Limit {
             lockout: None,
             id: h.finish(),
             consistency: Consistency::Exact,
+            scope: Scope::Region,
         })
     }
 
@@ -140,6 +166,19 @@ impl Limit {
     /// How instances sharing a store count this limit.
     pub fn consistency(&self) -> Consistency {
         self.consistency
+    }
+
+    /// Counts the limit where `scope` says when regions share a global store (see
+    /// [`Scope`]). A global limit should be leased ([`Consistency::Leased`]); one that
+    /// is not is leased anyway with the default period when a global store is there.
+    pub fn with_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Where this limit is counted when regions share a global store.
+    pub fn scope(&self) -> Scope {
+        self.scope
     }
 
     /// Why this limit cannot be counted as its [`Consistency`] says, if it cannot:

@@ -15,7 +15,7 @@ use super::error::ConfigError;
 use super::spec::LimitSpec;
 use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
 use super::FailureMode;
-use crate::algorithm::Consistency;
+use crate::algorithm::{Consistency, Scope};
 use crate::store::ChargeRejected;
 
 /// A lease's period when the rule file gives none.
@@ -30,11 +30,40 @@ impl DraftConsistency {
             mode: self.mode.or(parent.mode),
             lease_period: self.lease_period.or(parent.lease_period),
             sync_interval: self.sync_interval.or(parent.sync_interval),
+            scope: self.scope.or(parent.scope),
         }
     }
 
-    /// The limit's [`Consistency`].
-    fn resolve(self) -> Consistency {
+    /// The limit's [`Consistency`] and [`Scope`]: a global limit is leased, so it cannot
+    /// also be `exact` or `synced` (the error's place is its `scope`).
+    fn resolve(self) -> Result<(Consistency, Scope), (Span, String)> {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let Some((Scope::Global, span)) = self.scope else {
+            return Ok((self.consistency(), Scope::Region));
+        };
+        match self.mode {
+            None | Some(ConsistencyMode::Leased) => Ok((
+                Consistency::Leased {
+                    period: ns(self.lease_period.unwrap_or(DEFAULT_LEASE_PERIOD)),
+                },
+                Scope::Global,
+            )),
+            Some(other) => Err((
+                span,
+                format!(
+                    "`scope: global` limits are leased from the global store, so they cannot be `consistency: {}`; write `consistency: leased` (or nothing) beside `scope: global`",
+                    match other {
+                        ConsistencyMode::Exact => "exact",
+                        ConsistencyMode::Synced => "synced",
+                        ConsistencyMode::Leased => "leased",
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// The [`Consistency`] these settings name.
+    fn consistency(self) -> Consistency {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         match self.mode {
             None | Some(ConsistencyMode::Exact) => Consistency::Exact,
@@ -59,6 +88,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         errors,
         names: HashSet::new(),
         replaces: Vec::new(),
+        scope_errors: HashSet::new(),
     };
     let mut root = Level::default();
     let failure_mode = drafts.iter().find_map(|d| d.failure).unwrap_or_default();
@@ -106,6 +136,8 @@ struct Compiler<'a> {
     errors: &'a mut Vec<ConfigError>,
     names: HashSet<String>,
     replaces: Vec<(String, String, Span)>,
+    /// Places of `scope` errors already reported.
+    scope_errors: HashSet<(usize, usize)>,
 }
 
 impl Compiler<'_> {
@@ -122,8 +154,28 @@ impl Compiler<'_> {
             let failure_mode = d.failure.unwrap_or(inherited.0);
             let charge_rejected = d.charge.or(inherited.1);
             let consistency = d.consistency.over(inherited.2);
+            let (counting, scope) = match consistency.resolve() {
+                Ok(resolved) => resolved,
+                Err((span, message)) => {
+                    // Reported once for its place, whichever descriptors inherit it.
+                    let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                    if self.scope_errors.insert((line, column)) {
+                        self.errors.push(ConfigError {
+                            file: file.to_string(),
+                            line,
+                            column,
+                            message,
+                        });
+                    }
+                    (Consistency::Exact, Scope::Region)
+                }
+            };
+            // A global limit in fallback is shared by every instance of every region.
             let divisor = match failure_mode {
-                FailureMode::LocalFallback { divisor } => divisor,
+                FailureMode::LocalFallback { divisor, regions } if scope == Scope::Global => {
+                    divisor.saturating_mul(regions)
+                }
+                FailureMode::LocalFallback { divisor, .. } => divisor,
                 _ => 1,
             };
             let segment = match &d.value {
@@ -167,7 +219,8 @@ impl Compiler<'_> {
             }
             let mut limits = Vec::new();
             for (index, mut l) in d.limits.into_iter().enumerate() {
-                l.spec.consistency = consistency.resolve();
+                l.spec.consistency = counting;
+                l.spec.scope = scope;
                 if let Some(n) = &l.name {
                     self.names.insert(n.clone());
                 }

@@ -13,6 +13,7 @@ use super::metadata::Metadata;
 use super::read::{is_null, Reader};
 use super::spec::{bucket_out_of_range, AlgorithmName, LimitSpec, ALGORITHMS};
 use super::{FailureMode, Unit};
+use crate::algorithm::Scope;
 use crate::store::ChargeRejected;
 
 /// Reads one file's drafts, collecting every error.
@@ -55,10 +56,12 @@ impl<'a> DraftReader<'a> {
                 "http",
                 "failure_mode",
                 "local_fallback_divisor",
+                "regions",
                 "charge_rejected",
                 "consistency",
                 "lease_period",
                 "sync_interval",
+                "scope",
             ],
             "the top level",
         );
@@ -168,10 +171,12 @@ impl<'a> DraftReader<'a> {
                 "descriptors",
                 "failure_mode",
                 "local_fallback_divisor",
+                "regions",
                 "charge_rejected",
                 "consistency",
                 "lease_period",
                 "sync_interval",
+                "scope",
             ],
             "a descriptor",
         );
@@ -306,22 +311,22 @@ impl<'a> DraftReader<'a> {
         mode
     }
 
-    /// `failure_mode` (and `local_fallback_divisor`) of a domain or descriptor.
+    /// `failure_mode` (and `local_fallback_divisor`, `regions`) of a domain or descriptor.
     fn failure_mode(&mut self, map: &MarkedMappingNode) -> Option<FailureMode> {
-        let divisor = match map.get_node("local_fallback_divisor") {
+        let mut at_least_one = |name: &str, max: u64| match map.get_node(name) {
             None => None,
-            Some(_) => match self.yaml.number(map, "local_fallback_divisor", 1_000_000) {
+            Some(_) => match self.yaml.number(map, name, max) {
                 Some(0) => {
-                    let span = map
-                        .get_node("local_fallback_divisor")
-                        .map_or(*map.span(), |n| *n.span());
+                    let span = map.get_node(name).map_or(*map.span(), |n| *n.span());
                     self.yaml
-                        .error(&span, "`local_fallback_divisor` must be at least 1");
+                        .error(&span, format!("`{name}` must be at least 1"));
                     None
                 }
                 other => other,
             },
         };
+        let divisor = at_least_one("local_fallback_divisor", 1_000_000);
+        let regions = at_least_one("regions", 1_000);
         let node = map.get_node("failure_mode");
         let mode = match node
             .and_then(|n| n.as_scalar())
@@ -332,6 +337,7 @@ impl<'a> DraftReader<'a> {
             Some("fail_closed") => Some(FailureMode::FailClosed),
             Some("local_fallback") => Some(FailureMode::LocalFallback {
                 divisor: divisor.unwrap_or(1),
+                regions: regions.unwrap_or(1),
             }),
             Some(other) => {
                 let span = node.map_or(*map.span(), |n| *n.span());
@@ -346,14 +352,17 @@ impl<'a> DraftReader<'a> {
                 "`failure_mode` must be fail_open, fail_closed or local_fallback",
             );
         }
-        if divisor.is_some() && !matches!(mode, Some(FailureMode::LocalFallback { .. })) {
-            let span = map
-                .get_node("local_fallback_divisor")
-                .map_or(*map.span(), |n| *n.span());
-            self.yaml.error(
-                &span,
-                "`local_fallback_divisor` needs `failure_mode: local_fallback` beside it",
-            );
+        for (name, given) in [
+            ("local_fallback_divisor", divisor.is_some()),
+            ("regions", regions.is_some()),
+        ] {
+            if given && !matches!(mode, Some(FailureMode::LocalFallback { .. })) {
+                let span = map.get_node(name).map_or(*map.span(), |n| *n.span());
+                self.yaml.error(
+                    &span,
+                    format!("`{name}` needs `failure_mode: local_fallback` beside it"),
+                );
+            }
         }
         mode
     }
@@ -391,10 +400,29 @@ impl<'a> DraftReader<'a> {
                 }
             }
         };
+        let lease_period = period("lease_period");
+        let sync_interval = period("sync_interval");
+        let scope =
+            map.get_node("scope")
+                .and_then(|n| match n.as_scalar().map(MarkedScalarNode::as_str) {
+                    Some("region") => Some((Scope::Region, *n.span())),
+                    Some("global") => Some((Scope::Global, *n.span())),
+                    other => {
+                        self.yaml.error(
+                            n.span(),
+                            format!(
+                                "unknown scope `{}` (expected region or global)",
+                                other.unwrap_or("")
+                            ),
+                        );
+                        None
+                    }
+                });
         DraftConsistency {
             mode,
-            lease_period: period("lease_period"),
-            sync_interval: period("sync_interval"),
+            lease_period,
+            sync_interval,
+            scope,
         }
     }
 
@@ -609,6 +637,8 @@ pub(crate) struct DraftConsistency {
     pub(crate) mode: Option<ConsistencyMode>,
     pub(crate) lease_period: Option<Duration>,
     pub(crate) sync_interval: Option<Duration>,
+    /// `scope`, and where it was written (for errors).
+    pub(crate) scope: Option<(Scope, Span)>,
 }
 
 /// The longest `block_duration`: a year.

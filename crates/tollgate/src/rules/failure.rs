@@ -10,6 +10,7 @@
 /// domain: api
 /// failure_mode: local_fallback      # fail_open (default), fail_closed, local_fallback
 /// local_fallback_divisor: 4         # 4 instances share the limit while Redis is down
+/// regions: 2                        # and 2 regions share a `scope: global` limit
 /// descriptors:
 ///   - key: login
 ///     failure_mode: fail_closed
@@ -28,6 +29,9 @@ pub enum FailureMode {
     LocalFallback {
         /// How many instances share the limit while the store is down.
         divisor: u64,
+        /// How many regions share a `scope: global` limit while the global store is
+        /// unreachable: such a limit is divided by `divisor × regions`.
+        regions: u64,
     },
 }
 

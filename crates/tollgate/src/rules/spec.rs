@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Unit;
 use crate::algorithm::{
-    Algorithm, Consistency, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit,
+    Algorithm, Consistency, FixedWindow, Gcra, InvalidLimit, LeakyBucket, LeakyMode, Limit, Scope,
     SlidingLog, SlidingWindow, TokenBucket,
 };
 
@@ -21,6 +21,8 @@ pub(crate) struct LimitSpec {
     pub(super) overage_percent: u64,
     /// How instances sharing a store count it (inherited from the descriptors above).
     pub(super) consistency: Consistency,
+    /// Where it is counted when regions share a global store (inherited too).
+    pub(super) scope: Scope,
 }
 
 /// The algorithms a rule file names.
@@ -111,7 +113,8 @@ impl LimitSpec {
         Ok(Limit::new(algorithm)?
             .with_lockout(self.block)
             .with_id(id)
-            .with_consistency(self.consistency))
+            .with_consistency(self.consistency)
+            .with_scope(self.scope))
     }
 }
 

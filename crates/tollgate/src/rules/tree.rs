@@ -171,7 +171,7 @@ impl RuleLimit {
     ) -> Option<RuleLimit> {
         let spec = super::spec::LimitSpec::default();
         let divisor = match failure_mode {
-            super::FailureMode::LocalFallback { divisor } => divisor,
+            super::FailureMode::LocalFallback { divisor, .. } => divisor,
             _ => 1,
         };
         Some(RuleLimit {

@@ -197,6 +197,46 @@ struct Entry {
     leasing: Option<Arc<tokio::sync::Notify>>,
 }
 
+impl Entry {
+    /// The size of this key's next lease at `now`, for a request that needs `need`
+    /// units more than are in hand.
+    fn next_lease(&self, need: u64, now: Nanos, period: Nanos) -> u64 {
+        let limit = &self.limit;
+        // A fixed window's units expire with it: lease no more than half its rest is
+        // likely to spend, so that leases shrink as the end nears and little is left in
+        // hand when it comes. Windows follow each other, so a new one ends a whole number
+        // of windows after the last one seen.
+        let horizon = match limit.algorithm() {
+            Algorithm::FixedWindow(w) if self.size > 0 => {
+                let end = if now < self.reset_at {
+                    self.reset_at
+                } else {
+                    let turns = (now - self.reset_at) / w.window.max(1) + 1;
+                    self.reset_at.saturating_add(turns.saturating_mul(w.window))
+                };
+                period.min((end - now) / 2)
+            }
+            _ => period,
+        };
+        next_size(
+            need,
+            self.size,
+            // A window's leases follow what the key spent (a window that fills turns its
+            // demand away until it ends); a bucket's follow what it was asked for, which
+            // goes on while a refused bucket refills.
+            if decays(limit) {
+                self.demand
+            } else {
+                self.spent
+            },
+            now.saturating_sub(self.taken_at),
+            horizon,
+            self.left,
+            limit.limit(),
+        )
+    }
+}
+
 /// Unspent units of one lease, out of hand, to give back to the shared store
 /// ([`Leases::returns`]).
 #[derive(Debug, Clone)]
@@ -354,36 +394,37 @@ impl Leases {
         if e.leases.len() >= MAX_LEASES_PER_KEY {
             return Local::Exact;
         }
-        // A fixed window's units expire with it: lease no more than half its rest is
-        // likely to spend, so that leases shrink as the end nears and little is left in
-        // hand when it comes. Windows follow each other, so a new one ends a whole number
-        // of windows after the last one seen.
-        let horizon = match limit.algorithm() {
-            Algorithm::FixedWindow(w) if e.size > 0 => {
-                let end = if now < e.reset_at {
-                    e.reset_at
-                } else {
-                    let turns = (now - e.reset_at) / w.window.max(1) + 1;
-                    e.reset_at.saturating_add(turns.saturating_mul(w.window))
-                };
-                period.min((end - now) / 2)
-            }
-            _ => period,
-        };
-        let size = next_size(
-            cost.saturating_sub(usable),
-            e.size,
-            // A window's leases follow what the key spent (a window that fills turns its
-            // demand away until it ends); a bucket's follow what it was asked for, which
-            // goes on while a refused bucket refills.
-            if decays(limit) { e.demand } else { e.spent },
-            now.saturating_sub(e.taken_at),
-            horizon,
-            e.left,
-            limit.limit(),
-        );
+        let size = e.next_lease(cost.saturating_sub(usable), now, period);
         e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
         Local::Lease(size)
+    }
+
+    /// Whether to take `key`'s next lease now, ahead of need (a global limit, whose
+    /// store is far): once less than half of the last lease is left in hand, no lease
+    /// call is in flight and the key is not refused. Returns its size, the call then
+    /// counted as in flight (the caller must call [`Leases::taken`] or
+    /// [`Leases::failed`]). A key leased one unit at a time (a cold key) is not renewed
+    /// ahead: its next request may never come.
+    pub fn renew_ahead(&self, limit: &Limit, key: &[u8], now: Nanos, period: Nanos) -> Option<u64> {
+        let fp = fingerprint(limit, key);
+        let mut shard = self.shard(fp).lock();
+        let e = shard.get_mut(&fp)?;
+        if e.limit != *limit
+            || *e.key != *key
+            || e.leasing.is_some()
+            || e.size < 2
+            || now < e.blocked_until
+            || e.leases.len() >= MAX_LEASES_PER_KEY
+        {
+            return None;
+        }
+        let usable: u64 = e.leases.iter().map(|l| l.usable(now)).sum();
+        if usable.saturating_mul(2) >= e.size {
+            return None;
+        }
+        let size = e.next_lease(1, now, period);
+        e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
+        Some(size)
     }
 
     /// A lease call sent at `sent` for `asked` units answered `d` (charged with `units`,

@@ -18,6 +18,13 @@
 //! A request stays all or nothing: local checks are decided first; if they reject it,
 //! its exact checks are only read (cost 0); if the exact checks reject it, the local
 //! ones give their units back.
+//!
+//! With a global store beside the regional one ([`ScaleOut::with_global`]), limits of
+//! [`Scope::Global`] are leased from the global store instead (whatever their
+//! consistency says), and their leases are renewed in the background once half spent,
+//! so that a hot key's decisions do not wait on the distant store. Their checks that
+//! must be exact go to the global store, before the regional ones: a request the global
+//! store rejects only reads its regional exact checks.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +35,7 @@ use super::lease::{self, Leases, Spent};
 use super::per_limit::LimitStats;
 use super::sync::{self, Syncs};
 use super::{rejects, rejects_by, ChargeRejected, Check, Error, Store};
-use crate::algorithm::{Consistency, Limit};
+use crate::algorithm::{Consistency, Limit, Scope};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 
@@ -62,11 +69,28 @@ impl<S> Clone for ScaleOut<S> {
 
 struct Inner<S> {
     store: S,
+    /// The store global limits are leased from, when regions share one.
+    global: Option<S>,
     leases: Leases,
     syncs: Syncs,
     /// The shortest `sync_interval` of a key seen so far (ns).
     shortest_interval: AtomicU64,
+    /// Calls to the global store, and those that failed.
+    global_calls: AtomicU64,
+    global_failures: AtomicU64,
+    /// Since when the global store has been failing (ns; 0: it answers), and how long
+    /// it failed before (ns).
+    global_down_since: AtomicU64,
+    global_down_total: AtomicU64,
+    /// Told the duration of every call to the global store that answered.
+    on_global_call: std::sync::OnceLock<GlobalCallObserver>,
 }
+
+/// A callback told how long each call to the global store took (one that answered).
+pub type GlobalCallObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// A global limit leased while its consistency says otherwise: the default period.
+const DEFAULT_GLOBAL_PERIOD: Nanos = 100_000_000;
 
 /// Counters of a [`ScaleOut`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,6 +117,13 @@ pub struct ScaleOutStats {
     pub synced_local: u64,
     /// When the last sync call succeeded (ns since the epoch; 0: never).
     pub last_sync: Nanos,
+    /// Calls to the global store (leases, give-backs, exact checks of global limits).
+    pub global_calls: u64,
+    /// Of those, the calls that failed.
+    pub global_failures: u64,
+    /// How long the global store has failed, in all, until the last call (ns): from a
+    /// call that failed to the next one that answered.
+    pub global_down: Nanos,
 }
 
 /// Where a check is decided.
@@ -103,7 +134,9 @@ enum Route {
     Synced(Nanos),
 }
 
-fn route(c: &Check<'_>) -> Route {
+/// Where check `c` is decided; `global`: a global store is there, so a global limit is
+/// leased from it.
+fn route(c: &Check<'_>, global: bool) -> Route {
     if c.cost == 0
         || c.quota.is_some()
         || c.charge != ChargeRejected::None
@@ -112,8 +145,9 @@ fn route(c: &Check<'_>) -> Route {
         return Route::Exact;
     }
     match c.limit.consistency() {
-        Consistency::Exact => Route::Exact,
         Consistency::Leased { period } => Route::Leased(period.max(1)),
+        _ if global && c.limit.scope() == Scope::Global => Route::Leased(DEFAULT_GLOBAL_PERIOD),
+        Consistency::Exact => Route::Exact,
         Consistency::Synced { interval } => Route::Synced(interval.max(1)),
     }
 }
@@ -141,7 +175,7 @@ impl Drop for LeaseCall<'_> {
     }
 }
 
-impl<S: Store> ScaleOut<S> {
+impl<S: Store + 'static> ScaleOut<S> {
     /// Leased and synced counting in front of `store`, each keeping at most
     /// [`DEFAULT_MAX_KEYS`] keys.
     pub fn new(store: S) -> Self {
@@ -150,19 +184,115 @@ impl<S: Store> ScaleOut<S> {
 
     /// As [`new`](Self::new), each table keeping at most about `max_keys` keys.
     pub fn with_max_keys(store: S, max_keys: usize) -> Self {
+        Self::build(store, None, max_keys)
+    }
+
+    /// Leased and synced counting in front of a region's `store`, with limits of
+    /// [`Scope::Global`] leased from `global`, shared by every region's instances; each
+    /// table keeping at most about `max_keys` keys.
+    pub fn with_global(store: S, global: S, max_keys: usize) -> Self {
+        Self::build(store, Some(global), max_keys)
+    }
+
+    /// Has `f` told how long each call to the global store took (one that answered).
+    /// Only the first observer set is kept; returns whether this one was.
+    pub fn observe_global_calls(&self, f: GlobalCallObserver) -> bool {
+        self.inner.on_global_call.set(f).is_ok()
+    }
+
+    fn build(store: S, global: Option<S>, max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
+                global,
                 leases: Leases::new(max_keys),
                 syncs: Syncs::new(max_keys),
                 shortest_interval: AtomicU64::new(u64::MAX),
+                global_calls: AtomicU64::new(0),
+                global_failures: AtomicU64::new(0),
+                global_down_since: AtomicU64::new(0),
+                global_down_total: AtomicU64::new(0),
+                on_global_call: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// The shared store.
+    /// The shared store (the region's, with a global store beside it).
     pub fn store(&self) -> &S {
         &self.inner.store
+    }
+
+    /// The global store, when regions share one.
+    pub fn global_store(&self) -> Option<&S> {
+        self.inner.global.as_ref()
+    }
+
+    /// Whether `limit` is counted in the global store.
+    fn is_global(&self, limit: &Limit) -> bool {
+        self.inner.global.is_some() && limit.scope() == Scope::Global
+    }
+
+    /// The store `limit` is counted in.
+    fn store_of(&self, limit: &Limit) -> &S {
+        match &self.inner.global {
+            Some(g) if limit.scope() == Scope::Global => g,
+            _ => &self.inner.store,
+        }
+    }
+
+    /// Runs `call` (to the store of `limit`), timing it and counting its outcome when it
+    /// goes to the global store.
+    async fn call<T>(
+        &self,
+        limit: &Limit,
+        now: Nanos,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        if !self.is_global(limit) {
+            return call.await;
+        }
+        let inner = &self.inner;
+        inner.global_calls.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let result = call.await;
+        match &result {
+            Ok(_) => {
+                let since = inner.global_down_since.swap(0, Ordering::Relaxed);
+                if since > 0 {
+                    inner
+                        .global_down_total
+                        .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+                }
+                if let Some(f) = inner.on_global_call.get() {
+                    f(started.elapsed());
+                }
+            }
+            Err(_) => {
+                inner.global_failures.fetch_add(1, Ordering::Relaxed);
+                let _ = inner.global_down_since.compare_exchange(
+                    0,
+                    now.max(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        result
+    }
+
+    /// How long the global store has failed in all until `now` (ns), the current spell
+    /// included.
+    pub fn global_down(&self, now: Nanos) -> Nanos {
+        let since = self.inner.global_down_since.load(Ordering::Relaxed);
+        let current = if since > 0 {
+            now.saturating_sub(since)
+        } else {
+            0
+        };
+        self.inner
+            .global_down_total
+            .load(Ordering::Relaxed)
+            .saturating_add(current)
     }
 
     /// The counters.
@@ -182,6 +312,9 @@ impl<S: Store> ScaleOut<S> {
             units_synced: get(&s.units),
             synced_local: get(&s.local),
             last_sync: get(&s.last_success),
+            global_calls: get(&self.inner.global_calls),
+            global_failures: get(&self.inner.global_failures),
+            global_down: get(&self.inner.global_down_total),
         }
     }
 
@@ -307,11 +440,14 @@ impl<S: Store> ScaleOut<S> {
         if returns.is_empty() {
             return 0;
         }
-        let store = &self.inner.store;
         let given: Vec<u64> = futures_util::stream::iter(returns)
             .map(|r: lease::Return| async move {
                 let check = Check::new(&r.limit, &*r.key, r.units);
-                match store.give_back(now, check, &r.token).await {
+                let store = self.store_of(&r.limit);
+                match self
+                    .call(&r.limit, now, store.give_back(now, check, &r.token))
+                    .await
+                {
                     Ok(()) => {
                         leases.returned(r.limit.id(), r.units);
                         r.units
@@ -401,7 +537,12 @@ impl<S: Store> ScaleOut<S> {
         let leases = &self.inner.leases;
         for _ in 0..4 {
             let size = match leases.spend(c.limit, c.key, c.cost, now, period) {
-                lease::Local::Decided(d, spent) => return Ok(Some((d, Some(spent)))),
+                lease::Local::Decided(d, spent) => {
+                    if self.is_global(c.limit) {
+                        self.renew_ahead(c, now, period);
+                    }
+                    return Ok(Some((d, Some(spent))));
+                }
                 lease::Local::Blocked(d) => return Ok(Some((d, None))),
                 lease::Local::Exact => return Ok(None),
                 lease::Local::Wait(answered) => {
@@ -424,10 +565,15 @@ impl<S: Store> ScaleOut<S> {
                 // A lease of the request's cost alone is spent at once: nothing of it can
                 // go back, and the store may batch it with other requests (a lease that
                 // answers a token is a call of its own on Redis).
+                let store = self.store_of(c.limit);
                 let (d, token) = if asked > c.cost {
-                    self.inner.store.lease(now, ask, budget).await?
+                    self.call(c.limit, now, store.lease(now, ask, budget))
+                        .await?
                 } else {
-                    (self.inner_check(now, &[ask], budget).await?[0], None)
+                    let d = self
+                        .call(c.limit, now, within(store, now, &[ask], budget))
+                        .await?;
+                    (d[0], None)
                 };
                 if d.allowed {
                     leases.taken(c.limit, c.key, asked, asked, &d, now, period, token);
@@ -451,17 +597,77 @@ impl<S: Store> ScaleOut<S> {
         Ok(None)
     }
 
+    /// Once half of a global key's last lease is spent, takes the next one in the
+    /// background, so that its decisions do not wait on the global store.
+    fn renew_ahead(&self, c: &Check<'_>, now: Nanos, period: Nanos) {
+        let leases = &self.inner.leases;
+        let Some(size) = leases.renew_ahead(c.limit, c.key, now, period) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            leases.failed(c.limit, c.key);
+            return;
+        };
+        let this = self.clone();
+        let limit = *c.limit;
+        let key: Box<[u8]> = c.key.into();
+        runtime.spawn(async move { this.renew(limit, &key, size, now, period).await });
+    }
+
+    /// Takes a lease of `size` units of `key` ahead of need (see [`Self::renew_ahead`]).
+    async fn renew(&self, limit: Limit, key: &[u8], size: u64, now: Nanos, period: Nanos) {
+        let leases = &self.inner.leases;
+        let mut call = LeaseCall {
+            leases,
+            limit: &limit,
+            key,
+            answered: false,
+        };
+        let store = self.store_of(&limit);
+        let mut asked = size;
+        for _ in 0..3 {
+            let ask = Check::new(&limit, key, asked);
+            match self.call(&limit, now, store.lease(now, ask, None)).await {
+                Ok((d, token)) if d.allowed => {
+                    leases.taken(&limit, key, asked, asked, &d, now, period, token);
+                    call.answered = true;
+                    return;
+                }
+                Ok((d, _)) => {
+                    let fair = d.remaining / 2;
+                    if fair >= 1 && fair < asked {
+                        asked = fair;
+                        continue;
+                    }
+                    // No room: the units in hand are still spent; no lease is asked
+                    // for again before a retry could pass.
+                    leases.taken(&limit, key, asked, 0, &d, now, period, None);
+                    call.answered = true;
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a lease ahead of need could not be taken from the global store");
+                    return;
+                }
+            }
+        }
+    }
+
     async fn decide(
         &self,
         now: Nanos,
         checks: &[Check<'_>],
         budget: Option<Duration>,
     ) -> Result<Vec<Decision>, Error> {
+        let global = self.inner.global.is_some();
         // The default (every check exact) costs no allocation on its way to the store.
-        if checks.iter().all(|c| matches!(route(c), Route::Exact)) {
+        if checks
+            .iter()
+            .all(|c| matches!(route(c, global), Route::Exact) && !self.is_global(c.limit))
+        {
             return self.inner_check(now, checks, budget).await;
         }
-        let routes: Vec<Route> = checks.iter().map(route).collect();
+        let routes: Vec<Route> = checks.iter().map(|c| route(c, global)).collect();
         let mut decided: Vec<Option<Decision>> = vec![None; checks.len()];
         let mut undo = Vec::new();
         let mut exact = Vec::new();
@@ -510,25 +716,53 @@ impl<S: Store> ScaleOut<S> {
                     .zip(&decided)
                     .filter_map(|(c, d)| d.map(|d| (c.shadow, c.quota, d.allowed))),
             );
-            let subset: Vec<Check<'_>> = exact
+            // The global limits' exact checks go first, to the global store; when they
+            // reject the request, the regional ones are only read.
+            let (far, near): (Vec<usize>, Vec<usize>) = exact
                 .iter()
-                .map(|&i| {
-                    let mut c = checks[i];
-                    if rejected {
-                        c.cost = 0;
+                .partition(|&&i| self.is_global(checks[i].limit));
+            let mut rejected = rejected;
+            for (part, is_far) in [(far, true), (near, false)] {
+                if part.is_empty() {
+                    continue;
+                }
+                let subset: Vec<Check<'_>> = part
+                    .iter()
+                    .map(|&i| {
+                        let mut c = checks[i];
+                        if rejected {
+                            c.cost = 0;
+                        }
+                        c
+                    })
+                    .collect();
+                let answered = if is_far {
+                    let global = self.store_of(subset[0].limit);
+                    self.call(subset[0].limit, now, within(global, now, &subset, budget))
+                        .await
+                } else {
+                    self.inner_check(now, &subset, budget).await
+                };
+                match answered {
+                    Ok(answers) => {
+                        for (&i, d) in part.iter().zip(answers) {
+                            decided[i] = Some(d);
+                        }
                     }
-                    c
-                })
-                .collect();
-            match self.inner_check(now, &subset, budget).await {
-                Ok(answers) => {
-                    for (&i, d) in exact.iter().zip(answers) {
-                        decided[i] = Some(d);
+                    Err(e) => {
+                        self.give_back(checks, &undo);
+                        return Err(e);
                     }
                 }
-                Err(e) => {
-                    self.give_back(checks, &undo);
-                    return Err(e);
+                if is_far {
+                    rejected = rejected
+                        || rejects_by(part.iter().filter_map(|&i| {
+                            // (Quota groups are judged over the whole request, below.)
+                            let c = &checks[i];
+                            decided[i]
+                                .filter(|_| c.quota.is_none())
+                                .map(|d| (c.shadow, None, d.allowed))
+                        }));
                 }
             }
             // What the store charged each seed: nothing when the request was rejected
@@ -583,7 +817,20 @@ impl<S: Store> ScaleOut<S> {
     }
 }
 
-impl<S: Store> Store for ScaleOut<S> {
+/// `checks` decided by `store` at `now`, within `budget` if one is given.
+async fn within<S: Store>(
+    store: &S,
+    now: Nanos,
+    checks: &[Check<'_>],
+    budget: Option<Duration>,
+) -> Result<Vec<Decision>, Error> {
+    match budget {
+        Some(b) => store.check_within(now, checks, b).await,
+        None => store.check(now, checks).await,
+    }
+}
+
+impl<S: Store + 'static> Store for ScaleOut<S> {
     async fn check(&self, now: Nanos, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
         self.decide(now, checks, None).await
     }
