@@ -4,8 +4,9 @@
   sample    scrapes every instance's /metrics once per one-second window, OFFSET ms
             before the window ends (the instances in parallel, one thread each, on
             kept-alive connections), and polls the global redis-server directly (not
-            through the delay proxy) every POLL ms for the run's fixed-window state
-            keys, keeping each window's highest count. JSON lines on --out.
+            through the delay proxy) every POLL ms, and every 2 ms in the last 60 ms of
+            each window, for the run's fixed-window state keys (SCAN, MGET), keeping
+            each window's highest count. JSON lines on --out.
   windows   turns one run's samples and h2load --log-file logs into one CSV row per
             window (and per-phase latency rows): see tools/bench-regions.sh's header
             for the columns.
@@ -33,7 +34,8 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # Counters summed per descriptor (of the run's domain) and in total.
 PER_DESCRIPTOR = ("tollgate_within_limit_total", "tollgate_over_limit_total",
                   "tollgate_total_hits_total")
-TOTALS = ("tollgate_global_store_calls_total", "tollgate_global_fallback_seconds_total",
+TOTALS = ("tollgate_global_store_calls_total", "tollgate_global_store_failures_total",
+          "tollgate_global_fallback_seconds_total",
           "tollgate_leases_total", "tollgate_redis_calls_total", "tollgate_store_errors_total",
           "tollgate_store_fallbacks_total", "tollgate_global_lease_duration_seconds_count",
           "tollgate_global_lease_duration_seconds_sum")
@@ -59,6 +61,9 @@ def parse_metrics(text, domain):
             out[k] = out.get(k, 0.0) + v
         elif name in TOTALS:
             out[name] = out.get(name, 0.0) + v
+        elif name == "tollgate_decision_duration_seconds_bucket":
+            k = "decision_le|" + labels.get("le", "")
+            out[k] = out.get(k, 0.0) + v
     return out
 
 
@@ -149,7 +154,11 @@ def poll_global(port, match, until, poll_s, result):
                 e = seen.setdefault(w, {"count": 0.0, "first": now, "last_change": now})
                 if count != e["count"]:
                     e["count"], e["last_change"] = max(count, e["count"]), now
-        time.sleep(poll_s)
+        # Every 2 ms in the last 60 ms of a window: the state key is reset by the next
+        # window's first call, so a window's last count must be read before it ends.
+        now = time.time()
+        frac = now % 1
+        time.sleep(0.002 if frac > 0.94 else min(poll_s, max(0.0, 0.94 - frac) + 0.001))
     sock.close()
     result["seen"], result["polls"] = seen, polls
 
@@ -264,7 +273,8 @@ def cmd_windows(a):
             cols += [f"{reg}_admitted", f"{reg}_limited", f"{reg}_region_admitted",
                      f"{reg}_p50_ms", f"{reg}_p99_ms", f"{reg}_failed"]
         cols += ["admitted", "admitted_per_limit", "over", "global_store_count",
-                 "global_store_calls", "fallback_s", "scrape_skew_ms"]
+                 "global_store_calls", "global_store_failures", "fallback_s",
+                 "global_calls_timed", "global_call_seconds", "scrape_skew_ms"]
         out.writerow(cols)
     for w in range(a.windows):
         k = w + 1  # the sample taken just before window w ends
@@ -284,16 +294,20 @@ def cmd_windows(a):
             row += [f"{adm:.0f}", f"{lim:.0f}", f"{radm:.0f}", f"{percentile(v, 50):.3f}",
                     f"{percentile(v, 99):.3f}", failed.get((reg, g, w), 0)]
             total += adm
-        calls = fb = 0.0
+        calls = fails = fb = lc = ls = 0.0
         for inst in instances:
             calls += delta(inst, k, "tollgate_global_store_calls_total") or 0.0
+            fails += delta(inst, k, "tollgate_global_store_failures_total") or 0.0
             fb += delta(inst, k, "tollgate_global_fallback_seconds_total") or 0.0
+            lc += delta(inst, k, "tollgate_global_lease_duration_seconds_count") or 0.0
+            ls += delta(inst, k, "tollgate_global_lease_duration_seconds_sum") or 0.0
         skews = [by_inst[i][k]["sent"] - by_inst[i][k]["target"] for i in instances if k in by_inst[i]]
         # The state key's window ends at the window's end, whole seconds (epoch).
         gc = global_counts.get(int(a.start) + w + 1)
         row += [f"{total:.0f}", f"{total / a.limit:.4f}",
                 "OVER" if total > a.limit else ("?" if not ok else "ok"),
-                "" if gc is None else f"{gc:.0f}", f"{calls:.0f}", f"{fb:.3f}",
+                "" if gc is None else f"{gc:.0f}", f"{calls:.0f}", f"{fails:.0f}", f"{fb:.3f}",
+                f"{lc:.0f}", f"{ls:.6f}",
                 f"{1000 * max(skews):.1f}" if skews else ""]
         out.writerow(row)
 
@@ -319,6 +333,32 @@ def cmd_windows(a):
                         lw.writerow([a.run, reg, desc, ph, len(v), nfail.get(ph, 0),
                                      f"{percentile(v, 50):.3f}", f"{percentile(v, 99):.3f}",
                                      f"{percentile(v, 99.9):.3f}", f"{(v[-1] if v else float('nan')):.3f}"])
+                # The server's own histogram of decision durations over the run (every
+                # decision of the region's instances, g and r): the upper bound of the
+                # bucket holding the median and the 99th percentile.
+                buckets = {}
+                for inst in instances:
+                    if region_of[inst] != reg:
+                        continue
+                    first, last = by_inst[inst].get(0), by_inst[inst].get(a.windows)
+                    if not first or not last or first["values"] is None or last["values"] is None:
+                        continue
+                    for key, v1 in last["values"].items():
+                        if key.startswith("decision_le|"):
+                            le = key.split("|", 1)[1]
+                            le = math.inf if le == "+Inf" else float(le)
+                            buckets[le] = buckets.get(le, 0.0) + v1 - first["values"].get(key, 0.0)
+                if buckets:
+                    bounds = sorted(buckets)
+                    total = buckets[bounds[-1]]
+
+                    def upper(q):
+                        for b in bounds:
+                            if total and buckets[b] >= q * total:
+                                return b * 1000
+                        return float("nan")
+                    lw.writerow([a.run, reg, "server", "all", f"{total:.0f}", 0,
+                                 f"{upper(0.5):.3f}", f"{upper(0.99):.3f}", f"{upper(0.999):.3f}", ""])
 
 
 # ------------------------------------------------------------------------------ plot
@@ -475,8 +515,8 @@ def cmd_report(a):
         regs = regions_of(by_run[lat_runs[0]][0])
         p("### Latency runs: the global limit (g) with and without the distant store (medians over rounds)")
         p()
-        p("| split | delay each way | region | g offered /s | g decisions/s | p50 ms | p99 ms | Δ p99 vs no delay | share of admitted | r admitted ÷ region limit |")
-        p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        p("| split | delay each way | region | g offered /s | g decisions/s | p50 ms | p99 ms | Δ p99 vs no delay | server p99 ≤ ms (g and r) | r p99 ms | share of admitted | r admitted ÷ region limit |")
+        p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         combos = []
         for r in runs:
             if r["kind"] == "latency" and (r["split"], r["delay_ms"]) not in combos:
@@ -486,7 +526,7 @@ def cmd_report(a):
         for split, delay in combos:
             ids = sorted({r["run"] for r in runs if r["kind"] == "latency" and r["split"] == split and r["delay_ms"] == delay})
             for g in regs:
-                offered, dps, p50, p99, dp99, share, radm = [], [], [], [], [], [], []
+                offered, dps, p50, p99, dp99, share, radm, sp99, rp99 = [], [], [], [], [], [], [], [], []
                 for i in ids:
                     info = [x for x in run_info[i] if x["region"] == g][0]
                     offered.append(num(info["offered_g_per_s"]))
@@ -494,6 +534,9 @@ def cmd_report(a):
                     l = lat(i, g)
                     p50.append(num(l["p50_ms"]))
                     p99.append(num(l["p99_ms"]))
+                    sv = lat(i, g, desc="server")
+                    sp99.append(num(sv["p99_ms"]) if sv else float("nan"))
+                    rp99.append(num(lat(i, g, desc="r")["p99_ms"]))
                     # The baseline of the same split and round.
                     base = [x["run"] for x in runs if x["kind"] == "latency" and x["split"] == split
                             and x["round"] == info["round"] and x["delay_ms"] == "0" and x["region"] == g]
@@ -504,8 +547,8 @@ def cmd_report(a):
                     share.append(100 * sum(num(w[f"{g}_admitted"]) for w in full) / tot if tot else float("nan"))
                     radm.append(median([num(w[f"{g}_region_admitted"]) / a.region_limit for w in full]))
                 p(f"| {split} | {delay} ms | {g} | {median(offered):.0f} | {median(dps):.0f} | {fmt(median(p50))} | {fmt(median(p99))} | "
-                  f"{fmt(median(dp99), '{:+.2f}') if dp99 else '–'} | {fmt(median(share), '{:.1f} %')} | {fmt(median(radm), '{:.3f}')} |")
-            per, mx, over, nwin, cpd, rpd = [], [], 0, 0, [], []
+                  f"{fmt(median(dp99), '{:+.2f}') if dp99 else '–'} | {fmt(median(sp99), '{:g}')} | {fmt(median(rp99))} | {fmt(median(share), '{:.1f} %')} | {fmt(median(radm), '{:.3f}')} |")
+            per, mx, over, nwin, cpd, rpd, rtt, whole, gmax, vs_store = [], [], 0, 0, [], [], [], [], [], []
             for i in ids:
                 full = full_windows(by_run[i])
                 v = [num(w["admitted_per_limit"]) for w in full]
@@ -517,12 +560,20 @@ def cmd_report(a):
                 decided = sum(num(w[f"{g}_admitted"]) + num(w[f"{g}_limited"]) for w in rows for g in regs)
                 cpd.append(sum(num(w["global_store_calls"]) for w in rows) / decided if decided else float("nan"))
                 rpd.append(num(run_info[i][0]["global_requests"]) / decided if decided else float("nan"))
-            fleet.append((split, delay, median(per), max(mx), over, nwin, median(cpd), median(rpd), len(ids)))
+                adm = sum(num(w["admitted"]) for w in rows)
+                whole.append(adm / (a.limit * len(rows)))
+                counts = [num(w["global_store_count"]) for w in rows if w["global_store_count"]]
+                gmax.append(max(counts) / a.limit if counts else float("nan"))
+                vs_store.append(adm / sum(counts) if counts and sum(counts) else float("nan"))
+                timed = sum(num(w["global_calls_timed"]) for w in rows)
+                rtt.append(1000 * sum(num(w["global_call_seconds"]) for w in rows) / timed if timed else float("nan"))
+            fleet.append((split, delay, median(per), max(mx), over, nwin, median(cpd), median(rpd), median(rtt), len(ids),
+                          median(whole), max(gmax), median(vs_store)))
         p()
-        p("| split | delay each way | global admitted ÷ limit per window, median (max) | windows over the limit | global-store calls / decision (metric) | global Redis requests / decision | runs |")
-        p("|---|---:|---:|---:|---:|---:|---:|")
-        for split, delay, med, mx, over, nwin, cpd, rpd, n in fleet:
-            p(f"| {split} | {delay} ms | {med:.3f} ({mx:.3f}) | {over} of {nwin} | {cpd:.4f} | {rpd:.4f} | {n} |")
+        p("| split | delay each way | admitted ÷ limit per window by answer time, median (max) | windows over, by answer time | whole run: admitted ÷ (limit × windows) | highest global-store count ÷ limit | admitted ÷ global-store count | global-store calls / decision (metric) | global Redis requests / decision | mean global call ms | runs |")
+        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for split, delay, med, mx, over, nwin, cpd, rpd, rtt, n, whole, gmax, vs_store in fleet:
+            p(f"| {split} | {delay} ms | {med:.3f} ({mx:.3f}) | {over} of {nwin} | {whole:.3f} | {fmt(gmax, '{:.3f}')} | {fmt(vs_store, '{:.3f}')} | {cpd:.4f} | {rpd:.4f} | {fmt(rtt)} | {n} |")
         p()
     part_runs = sorted({r["run"] for r in runs if r["kind"] == "partition"})
     if part_runs:
@@ -533,8 +584,8 @@ def cmd_report(a):
         p(f"Mean admitted per window by phase (before / during / after the cut; the windows the cut and the heal fall in apart); local_fallback's bound while cut: {fb:g} per instance (limit ÷ (divisor {a.divisor:g} × regions {a.regions:g})).")
         p()
         p("| failure mode | phase | windows | " + " | ".join(f"{g} admitted" for g in regs) + " | total ÷ limit | max total ÷ limit | " +
-          " | ".join(f"{g} p50 / p99 / max ms" for g in regs) + " | failed | global-store count ÷ admitted | fallback s |")
-        p("|---|---|---:|" + "---:|" * len(regs) + "---:|---:|" + "---:|" * len(regs) + "---:|---:|---:|")
+          " | ".join(f"{g} p50 / p99 / max ms" for g in regs) + " | failed | global-store count ÷ admitted | global-store calls (failed) | fallback s |")
+        p("|---|---|---:|" + "---:|" * len(regs) + "---:|---:|" + "---:|" * len(regs) + "---:|---:|---:|---:|")
         for i in part_runs:
             mode = run_info[i][0]["failure_mode"]
             rows = by_run[i]
@@ -556,19 +607,20 @@ def cmd_report(a):
                 ratio = sum(gc) / sum(tot) if sum(tot) else float("nan")
                 p(f"| {mode} | {ph} | {len(ws)} | " + " | ".join(f"{x:.0f}" for x in adm) +
                   f" | {sum(tot) / len(ws) / a.limit:.3f} | {max(tot) / a.limit:.3f} | " + " | ".join(lats) +
-                  f" | {failed} | {fmt(ratio, '{:.3f}')} | {fbs:.1f} |")
+                  f" | {failed} | {fmt(ratio, '{:.3f}')} | {sum(num(w['global_store_calls']) for w in ws):.0f} "
+                  f"({sum(num(w['global_store_failures']) for w in ws):.0f}) | {fbs:.1f} |")
         p()
         for i in part_runs:
             mode = run_info[i][0]["failure_mode"]
             p(f"#### {mode}, per window (run {i})")
             p()
             p("| second | phase | " + " | ".join(f"{g} admitted" for g in regs) + " | total | total ÷ limit | global-store count | " +
-              " | ".join(f"{g} p99 ms" for g in regs) + " | global-store calls | fallback s |")
+              " | ".join(f"{g} p99 ms" for g in regs) + " | global-store calls (failed) | fallback s |")
             p("|---:|---|" + "---:|" * len(regs) + "---:|---:|---:|" + "---:|" * len(regs) + "---:|---:|")
             for w in by_run[i]:
                 p(f"| {w['window']} | {w['phase']} | " + " | ".join(w[f'{g}_admitted'] for g in regs) +
                   f" | {w['admitted']} | {num(w['admitted_per_limit']):.3f} | {w['global_store_count'] or '–'} | " +
-                  " | ".join(fmt(num(w[f'{g}_p99_ms'])) for g in regs) + f" | {w['global_store_calls']} | {num(w['fallback_s']):.2f} |")
+                  " | ".join(fmt(num(w[f'{g}_p99_ms'])) for g in regs) + f" | {w['global_store_calls']} ({w['global_store_failures']}) | {num(w['fallback_s']):.2f} |")
             p()
     p("Commands (ports chosen at run time):")
     p()

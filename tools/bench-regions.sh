@@ -33,42 +33,59 @@
 #
 # Measured per one-second window (the fixed windows: second boundaries), by a sampler
 # (tools/bench-regions.py sample) that scrapes every instance's /metrics 10 ms before each
-# window ends and polls the global Redis (directly, not through the proxy) every 20 ms
-# for the run's state key. target/bench-regions/windows.csv, one row per run and window:
+# window ends and polls the global Redis directly (not through the proxy; every 20 ms,
+# every 2 ms in a window's last 60 ms) for the run's state key, whose count the next
+# window's first call resets. target/bench-regions/windows.csv, one row per run and window:
 #   rN_admitted, rN_limited   g's tollgate_within_limit_total / over_limit_total
-#                             deltas, summed over the region's instances (answers
-#                             given in the window's last 10 ms count in the next one);
+#                             deltas, summed over the region's instances: answers by
+#                             the time they were GIVEN (a decision that waited into the
+#                             next window counts there; answers of the window's last
+#                             10 ms count in the next one);
 #   rN_region_admitted        the same for r (limit REGION_LIMIT per region);
 #   rN_p50_ms, rN_p99_ms      g's latency in the region (h2load --log-file: from a
 #                             request's send to its answer, requests sent in the window);
 #   rN_failed                 h2load requests that failed (status not 200) in the window;
 #   admitted, admitted_per_limit, over   g admitted by both regions, ÷ LIMIT, and OVER
-#                             when above LIMIT (the hard bound of a global fixed window);
+#                             when above LIMIT (by answer time, see above);
 #   global_store_count        the count in the global Redis's state key for the window
-#                             (the highest seen: units leased, less those returned);
-#   global_store_calls        Σ tollgate_global_store_calls_total deltas;
-#   fallback_s                Σ tollgate_global_fallback_seconds_total deltas;
+#                             (the highest seen: units leased, less those returned): what
+#                             the global store let through in that window;
+#   global_store_calls, global_store_failures, fallback_s   Σ deltas of
+#                             tollgate_global_store_calls_total, _failures_total and
+#                             tollgate_global_fallback_seconds_total;
+#   global_calls_timed, global_call_seconds   Σ deltas of the count and sum of
+#                             tollgate_global_lease_duration_seconds (calls that answered);
 #   scrape_skew_ms            the latest scrape's lateness past its target.
 # latency.csv: per run, region, descriptor and phase (all; before, cut, during, heal,
-# after for partition runs): requests, failed, p50, p99, p99.9, max (ms).
+# after for partition runs): requests, failed, p50, p99, p99.9, max (ms); descriptor
+# "server": the instances' own tollgate_decision_duration_seconds over the run (g and r
+# decisions together), as the upper bound of the bucket holding each percentile.
 # runs.csv: per run and region: offered g per s, h2load's answered per s (g and r),
 # failed, and per run: INFO commandstats of the global Redis (requests sent by the
 # instances: script calls and plain commands, without the commands run inside scripts
 # and the sampler's own SCAN/MGET/INFO).
 # summary.md (tools/bench-regions.py report), medians over the rounds:
-#   decisions/s          g's and r's answers per second, summed over the region's h2loads;
+#   decisions/s          g's answers per second, summed over the region's h2loads;
 #   p50 / p99 ms         g's latency over the whole run, per region; Δ p99: with the
-#                        delay minus without it (same split, same round);
-#   admitted ÷ L         global admitted ÷ LIMIT per full window (the first and last
-#                        windows are partial and left out): median and max;
+#                        delay minus without it (same split, same round); server p99:
+#                        the histogram's bucket bound; r p99: the regional limit's;
+#   admitted ÷ L         g admitted by answer time ÷ LIMIT per full window (the first and
+#                        last windows are partial and left out): median and max, and
+#                        the windows over LIMIT by answer time;
+#   whole run            Σ admitted ÷ (LIMIT × windows touched) (at 2× every window,
+#                        partial ones too, is offered more than LIMIT: 1 is exact);
+#   highest global-store count ÷ L, admitted ÷ global-store count   the store's own
+#                        count per window, and whether every admission was leased from it;
 #   share                each region's part of the global admitted;
 #   calls / decision     global-store calls (the metric) per g decision, and the global
 #                        Redis's requests (INFO commandstats) per g decision;
+#   mean global call ms  tollgate_global_lease_duration_seconds' sum ÷ count;
 #   r admitted ÷ RL      each region's r admitted ÷ REGION_LIMIT per full window (median).
 # And per partition run: admitted per region and in all per phase (mean per window),
-# latency and failures per phase, the global Redis's counts against the admitted after
-# the heal, and target/bench-regions/partition-MODE.svg (admitted per second per region
-# and in all against LIMIT).
+# latency and failures per phase, the global Redis's counts against the admitted, the
+# global-store calls and failures, and the run window by window;
+# target/bench-regions/partition-MODE.svg: admitted per second per region and in all
+# against LIMIT. Every h2load log is kept (logs/, gzip).
 #
 # Usage: tools/bench-regions.sh
 # Environment (optional): LIMIT (1000), LOAD (2), REGION_LIMIT (250), REGION_LOAD (2),
@@ -369,6 +386,8 @@ run() {
     --windows "$nwin" --limit "$limit" "${logs[@]}" "${partition_args[@]}" "${header[@]}" \
     --latency-out "$latency_csv" >>"$windows_csv"
   cp "$work/samples-$id.jsonl" "$out/"
+  mkdir -p "$out/logs"
+  for f in "$work"/log-"$id"-*.tsv; do gzip -c "$f" >"$out/logs/$(basename "$f").gz"; done
   # Per region: offered g, h2load's answers per second (g, r), failures.
   for reg in "${regions[@]}"; do
     local offered=0 gps=0 rps=0 failed=0 a f el

@@ -50,6 +50,7 @@ class Proxy:
         self.chunks = {"up": 0, "down": 0}
         self.bytes = {"up": 0, "down": 0}
         self.max_lag = 0.0  # worst lateness of a write past its due time, seconds
+        self.cuts = 0  # partitions so far (a chunk held by one is late on purpose)
 
     def log(self, what):
         print(f"{time.time():.3f} delay-proxy: {what}", file=sys.stderr, flush=True)
@@ -58,6 +59,8 @@ class Proxy:
         if state == self.state:
             return
         self.state = state
+        if state != "open":
+            self.cuts += 1
         if state == "open":
             self.healed.set()
         else:
@@ -77,13 +80,13 @@ class Proxy:
 
         async def forward():
             while True:
-                due, data = await queue.get()
+                due, cuts, data = await queue.get()
                 if data is None:
                     break
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if self.healed.is_set():
+                if self.healed.is_set() and cuts == self.cuts:
                     self.max_lag = max(self.max_lag, loop.time() - due)
                 else:
                     await self.healed.wait()
@@ -100,7 +103,7 @@ class Proxy:
         try:
             while True:
                 data = await reader.read(CHUNK)
-                queue.put_nowait((loop.time() + self.delay, data if data else None))
+                queue.put_nowait((loop.time() + self.delay, self.cuts, data if data else None))
                 if not data:
                     break
             await sender
