@@ -70,6 +70,28 @@ mod errors {
     }
 
     #[test]
+    fn scope_and_regions_are_checked_with_their_place() {
+        let e = errors("domain: d\nconsistency: synced\nregions: 2\ndescriptors:\n  - key: a\n    scope: global\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    scope: everywhere\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: d\n    scope: global\n    failure_mode: local_fallback\n    regions: 0\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log}\n");
+        assert_eq!(
+            e,
+            [
+                "3:10: `regions` needs `failure_mode: local_fallback` beside it",
+                // Once for its place, though `b` inherits it too.
+                "6:12: `scope: global` limits are leased from the global store, so they cannot be `consistency: synced`; write `consistency: leased` (or nothing) beside `scope: global`",
+                "12:12: unknown scope `everywhere` (expected region or global)",
+                "15:12: `scope: global` limits are leased from the global store, so they cannot be `consistency: synced`; write `consistency: leased` (or nothing) beside `scope: global`",
+                "17:14: `regions` must be at least 1",
+            ]
+        );
+        // A global limit is leased: one that cannot be says so.
+        let e = errors("domain: d\ndescriptors:\n  - key: a\n    scope: global\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log}\n");
+        assert_eq!(
+            e,
+            ["5:18: `consistency: leased` cannot count this sliding_log limit: a sliding_log keeps each request's instant, which a count taken elsewhere cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+    }
+
+    #[test]
     fn limits_that_cannot_be_leased_or_synced_say_why_where_they_are() {
         let e = errors(
             "domain: d\nconsistency: leased\ndescriptors:\n  - key: log\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log}\n  - key: window\n    consistency: synced\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n  - key: queue\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: leaky_bucket, mode: queue}\n  - key: lockout\n    rate_limit: {unit: second, requests_per_unit: 5, block_duration: 1m}\n  - key: fine\n    consistency: exact\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log}\n",
@@ -1266,4 +1288,41 @@ fn consistency_is_inherited_by_nested_descriptors() {
     assert_eq!(of("b"), Consistency::Synced { interval: 100 * MS });
     assert_eq!(of("c"), Consistency::Exact);
     assert_eq!(of("d"), Consistency::Leased { period: 1_000 * MS });
+}
+
+/// `scope` is inherited like `consistency`; a global limit is leased (with its
+/// `lease_period`) and, in fallback, divided by `local_fallback_divisor × regions`; a
+/// regional one by `local_fallback_divisor` alone.
+#[test]
+fn scope_is_inherited_and_a_global_limit_falls_back_to_its_regions_share() {
+    use tollgate::algorithm::{Consistency, Scope};
+    let set = from_str(
+        "f.yaml",
+        "domain: d\nscope: global\nlease_period: 50ms\nfailure_mode: local_fallback\nlocal_fallback_divisor: 2\nregions: 3\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 600}\n    descriptors:\n      - key: b\n        scope: region\n        consistency: synced\n        rate_limit: {unit: minute, requests_per_unit: 600}\n",
+    )
+    .unwrap();
+    let domain = set.domains()[0];
+    let of = |key: &str| {
+        domain
+            .rules()
+            .iter()
+            .find(|r| r.key == key)
+            .map(|r| r.limits[0].clone())
+            .unwrap()
+    };
+    const MS: u64 = 1_000_000;
+    let a = of("a");
+    assert_eq!(a.limit.scope(), Scope::Global);
+    assert_eq!(
+        a.limit.consistency(),
+        Consistency::Leased { period: 50 * MS }
+    );
+    assert_eq!(a.fallback.limit(), 100);
+    let b = of("b");
+    assert_eq!(b.limit.scope(), Scope::Region);
+    assert_eq!(
+        b.limit.consistency(),
+        Consistency::Synced { interval: 100 * MS }
+    );
+    assert_eq!(b.fallback.limit(), 300);
 }

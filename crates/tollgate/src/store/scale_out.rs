@@ -82,6 +82,8 @@ struct Inner<S> {
     /// it failed before (ns).
     global_down_since: AtomicU64,
     global_down_total: AtomicU64,
+    /// A decayed average of the global store's round trip (ns; 0 before the first).
+    global_rtt: AtomicU64,
     /// Told the duration of every call to the global store that answered.
     on_global_call: std::sync::OnceLock<GlobalCallObserver>,
 }
@@ -212,6 +214,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                 global_failures: AtomicU64::new(0),
                 global_down_since: AtomicU64::new(0),
                 global_down_total: AtomicU64::new(0),
+                global_rtt: AtomicU64::new(0),
                 on_global_call: std::sync::OnceLock::new(),
             }),
         }
@@ -263,8 +266,13 @@ impl<S: Store + 'static> ScaleOut<S> {
                         .global_down_total
                         .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
                 }
+                let took = started.elapsed();
+                let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+                let old = inner.global_rtt.load(Ordering::Relaxed);
+                let avg = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+                inner.global_rtt.store(avg, Ordering::Relaxed);
                 if let Some(f) = inner.on_global_call.get() {
-                    f(started.elapsed());
+                    f(took);
                 }
             }
             Err(_) => {
@@ -535,6 +543,18 @@ impl<S: Store + 'static> ScaleOut<S> {
         budget: Option<Duration>,
     ) -> Result<Option<(Decision, Option<Spent>)>, Error> {
         let leases = &self.inner.leases;
+        // A global key's lease lasts at least three of the global store's round trips,
+        // so that the half of it left when the next is asked for covers that call.
+        let period = if self.is_global(c.limit) {
+            period.max(
+                self.inner
+                    .global_rtt
+                    .load(Ordering::Relaxed)
+                    .saturating_mul(3),
+            )
+        } else {
+            period
+        };
         for _ in 0..4 {
             let size = match leases.spend(c.limit, c.key, c.cost, now, period) {
                 lease::Local::Decided(d, spent) => {
