@@ -330,9 +330,12 @@ def cmd_windows(a):
                             nfail[phase(w)] = nfail.get(phase(w), 0) + n
                     for ph, v in groups.items():
                         v.sort()
+                        n = len(v) or 1
                         lw.writerow([a.run, reg, desc, ph, len(v), nfail.get(ph, 0),
                                      f"{percentile(v, 50):.3f}", f"{percentile(v, 99):.3f}",
-                                     f"{percentile(v, 99.9):.3f}", f"{(v[-1] if v else float('nan')):.3f}"])
+                                     f"{percentile(v, 99.9):.3f}", f"{(v[-1] if v else float('nan')):.3f}",
+                                     f"{sum(1 for x in v if x > 1) / n:.4f}",
+                                     f"{sum(1 for x in v if x > 50) / n:.4f}"])
                 # The server's own histogram of decision durations over the run (every
                 # decision of the region's instances, g and r): the upper bound of the
                 # bucket holding the median and the 99th percentile.
@@ -358,22 +361,27 @@ def cmd_windows(a):
                                 return b * 1000
                         return float("nan")
                     lw.writerow([a.run, reg, "server", "all", f"{total:.0f}", 0,
-                                 f"{upper(0.5):.3f}", f"{upper(0.99):.3f}", f"{upper(0.999):.3f}", ""])
+                                 f"{upper(0.5):.3f}", f"{upper(0.99):.3f}", f"{upper(0.999):.3f}", "", "", ""])
 
 
 # ------------------------------------------------------------------------------ plot
 
 def cmd_plot(a):
-    rows = list(csv.DictReader(open(a.csv)))
-    rows = [x for x in rows if x["run"] == a.run]
+    everything = load_csv(a.csv)
+    rows = [x for x in everything if x["run"] == a.run]
     if not rows:
         sys.exit(f"no rows of run {a.run} in {a.csv}")
     regions = sorted({c[:-len("_admitted")] for c in rows[0] if c.endswith("_admitted")
                       and not c.endswith("region_admitted") and c != "admitted"})
-    W, H, L, R, T, B = 760, 380, 64, 150, 40, 50
+    W, H, L, R, T, B = 860, 400, 64, 250, 40, 50
     pw, ph = W - L - R, H - T - B
     n = len(rows)
-    top = max([a.limit * 2.1] + [float(x["admitted"]) for x in rows])
+    overlays = []
+    for spec in a.overlay:
+        run, label = spec.split(":", 1)
+        overlays.append(([x for x in everything if x["run"] == run], label))
+    top = max([a.limit * 2.1] + [float(x["admitted"]) for x in rows]
+              + [float(x["admitted"]) for o, _ in overlays for x in o])
     top = math.ceil(top / 500) * 500
 
     def xs(i):
@@ -411,20 +419,33 @@ def cmd_plot(a):
     y = ys(a.limit)
     svg.append(f'<line x1="{L}" y1="{y:.1f}" x2="{L + pw}" y2="{y:.1f}" stroke="#000" '
                f'stroke-dasharray="6 4"/>')
-    series = [("admitted", "total", "#222", 2.5)]
+    legend = []
+    if a.bound:
+        value, label = a.bound.split(":", 1)
+        y = ys(float(value))
+        svg.append(f'<line x1="{L}" y1="{y:.1f}" x2="{L + pw}" y2="{y:.1f}" stroke="#1f77b4" '
+                   f'stroke-dasharray="2 3"/>')
+        legend.append((label, "#1f77b4", 1, "2 3"))
+    series = [(rows, "admitted", a.label or "total", "#222", 2.5, None)]
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
     for i, reg in enumerate(regions):
-        series.append((f"{reg}_admitted", f"region {reg}", colors[i % len(colors)], 1.8))
-    for col, label, color, width in series:
-        pts = " ".join(f"{xs(i + 0.5):.1f},{ys(float(x[col])):.1f}" for i, x in enumerate(rows))
-        svg.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="{width}"/>')
+        owner = f"{a.label.split(':')[0]}: " if a.label else ""
+        series.append((rows, f"{reg}_admitted", f"{owner}region {reg}", colors[i % len(colors)], 1.8, None))
+    for (o, label), (color, dash) in zip(overlays, [("#2ca02c", "7 3"), ("#d62728", "2 2"), ("#9467bd", "4 4")]):
+        series.append((o, "admitted", label, color, 1.6, dash))
+    for data, col, label, color, width, dash in series:
+        pts = " ".join(f"{xs(i + 0.5):.1f},{ys(float(x[col])):.1f}" for i, x in enumerate(data))
+        d = f' stroke-dasharray="{dash}"' if dash else ""
+        svg.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="{width}"{d}/>')
+        legend.append((label, color, width, dash))
+    legend.append((f"global limit {a.limit:g}", "#000", 1, "6 4"))
     # Legend.
     ly = T + 10
-    for col, label, color, width in series + [(None, f"global limit {a.limit:g}", "#000", 1)]:
-        dash = ' stroke-dasharray="6 4"' if col is None else ""
+    for label, color, width, dash in legend:
+        d = f' stroke-dasharray="{dash}"' if dash else ""
         svg.append(f'<line x1="{L + pw + 12}" y1="{ly}" x2="{L + pw + 36}" y2="{ly}" '
-                   f'stroke="{color}" stroke-width="{width}"{dash}/>')
-        svg.append(f'<text x="{L + pw + 42}" y="{ly + 4}">{esc(label)}</text>')
+                   f'stroke="{color}" stroke-width="{width}"{d}/>')
+        svg.append(f'<text x="{L + pw + 42}" y="{ly + 4}" font-size="11">{esc(label)}</text>')
         ly += 18
     if a.note:
         for j, line in enumerate(a.note.split("|")):
@@ -515,8 +536,8 @@ def cmd_report(a):
         regs = regions_of(by_run[lat_runs[0]][0])
         p("### Latency runs: the global limit (g) with and without the distant store (medians over rounds)")
         p()
-        p("| split | delay each way | region | g offered /s | g decisions/s | p50 ms | p99 ms | Δ p99 vs no delay | server p99 ≤ ms (g and r) | r p99 ms | share of admitted | r admitted ÷ region limit |")
-        p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        p("| split | delay each way | region | g offered /s | g decisions/s | p50 ms | p99 ms | Δ p99 vs no delay | g decisions over 1 ms / 50 ms | server p99 ≤ ms (g and r) | r p99 ms | share of admitted | r admitted ÷ region limit |")
+        p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         combos = []
         for r in runs:
             if r["kind"] == "latency" and (r["split"], r["delay_ms"]) not in combos:
@@ -526,7 +547,7 @@ def cmd_report(a):
         for split, delay in combos:
             ids = sorted({r["run"] for r in runs if r["kind"] == "latency" and r["split"] == split and r["delay_ms"] == delay})
             for g in regs:
-                offered, dps, p50, p99, dp99, share, radm, sp99, rp99 = [], [], [], [], [], [], [], [], []
+                offered, dps, p50, p99, dp99, share, radm, sp99, rp99, o1, o50 = [], [], [], [], [], [], [], [], [], [], []
                 for i in ids:
                     info = [x for x in run_info[i] if x["region"] == g][0]
                     offered.append(num(info["offered_g_per_s"]))
@@ -534,6 +555,8 @@ def cmd_report(a):
                     l = lat(i, g)
                     p50.append(num(l["p50_ms"]))
                     p99.append(num(l["p99_ms"]))
+                    o1.append(100 * num(l["over_1ms"]))
+                    o50.append(100 * num(l["over_50ms"]))
                     sv = lat(i, g, desc="server")
                     sp99.append(num(sv["p99_ms"]) if sv else float("nan"))
                     rp99.append(num(lat(i, g, desc="r")["p99_ms"]))
@@ -547,7 +570,7 @@ def cmd_report(a):
                     share.append(100 * sum(num(w[f"{g}_admitted"]) for w in full) / tot if tot else float("nan"))
                     radm.append(median([num(w[f"{g}_region_admitted"]) / a.region_limit for w in full]))
                 p(f"| {split} | {delay} ms | {g} | {median(offered):.0f} | {median(dps):.0f} | {fmt(median(p50))} | {fmt(median(p99))} | "
-                  f"{fmt(median(dp99), '{:+.2f}') if dp99 else '–'} | {fmt(median(sp99), '{:g}')} | {fmt(median(rp99))} | {fmt(median(share), '{:.1f} %')} | {fmt(median(radm), '{:.3f}')} |")
+                  f"{fmt(median(dp99), '{:+.2f}') if dp99 else '–'} | {fmt(median(o1), '{:.1f} %')} / {fmt(median(o50), '{:.1f} %')} | {fmt(median(sp99), '{:g}')} | {fmt(median(rp99))} | {fmt(median(share), '{:.1f} %')} | {fmt(median(radm), '{:.3f}')} |")
             per, mx, over, nwin, cpd, rpd, rtt, whole, gmax, vs_store = [], [], 0, 0, [], [], [], [], [], []
             for i in ids:
                 full = full_windows(by_run[i])
@@ -677,6 +700,9 @@ def main():
     p.add_argument("--note", default="")
     p.add_argument("--partition-from", type=float)
     p.add_argument("--partition-to", type=float)
+    p.add_argument("--label", default="", help="the run's total's legend")
+    p.add_argument("--overlay", action="append", default=[], help="RUN:LABEL, another run's total")
+    p.add_argument("--bound", help="VALUE:LABEL, a dotted line")
     b = sub.add_parser("brief")
     b.add_argument("--windows", required=True)
     b.add_argument("--latency", required=True)

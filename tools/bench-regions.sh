@@ -314,7 +314,7 @@ windows_csv="$out/windows.csv"
 latency_csv="$out/latency.csv"
 runs_csv="$out/runs.csv"
 : >"$windows_csv"
-echo "run,region,descriptor,phase,requests,failed,p50_ms,p99_ms,p999_ms,max_ms" >"$latency_csv"
+echo "run,region,descriptor,phase,requests,failed,p50_ms,p99_ms,p999_ms,max_ms,over_1ms,over_50ms" >"$latency_csv"
 echo "run,kind,failure_mode,split,delay_ms,round,region,offered_g_per_s,g_answered_per_s,r_answered_per_s,failed,start,windows,partition_at,heal_at,global_requests,global_commands" >"$runs_csv"
 run_no=0
 
@@ -432,14 +432,26 @@ wall=$((($(now_ns) - started_at) / 1000000000))
 read -r load_after _ </proc/loadavg
 proxy_ctl stats >"$out/proxy-stats.json"
 
-# The plots of the partition runs.
+# The plots of the partition runs: one per failure mode, and all of them in one
+# (partition.svg: local_fallback's regions and total, the other modes' totals).
+part_id() { awk -F, -v m="$1" '$2 == "partition" && $3 == m { r = $1 } END { print r }' "$runs_csv"; }
+per_region_bound=$((instances * limit / (divisor * ${#regions[@]})))
+title="Global limit $limit/s offered ${load}× ($partition_split), global store ${delay_ms} ms away each way, cut for ${part_length} s"
+note="${#regions[@]} regions × $instances instances|admitted by answer time, per 1 s window|$partition partition"
+overlays=()
 for m in "${failure_modes[@]}"; do
-  id="$(awk -F, -v m="$m" '$2 == "partition" && $3 == m { r = $1 } END { print r }' "$runs_csv")"
-  python3 "$helper" plot --csv "$windows_csv" --run "$id" --limit "$limit" --out "$out/partition-$m.svg" \
-    --partition-from "$((part_before))".5 --partition-to "$((part_before + part_length))".5 \
-    --title "Global limit $limit/s, offered ${load}× split $partition_split, $m: the global store cut for ${part_length} s" \
-    --note "2 regions × $instances instances|global store ${delay_ms} ms each way|$partition partition"
+  python3 "$helper" plot --csv "$windows_csv" --run "$(part_id "$m")" --limit "$limit" --out "$out/partition-$m.svg" \
+    --partition-from "$part_before".5 --partition-to "$((part_before + part_length))".5 \
+    --label "$m: total" --title "$title" --note "$note"
+  [[ "$m" == local_fallback ]] || overlays+=(--overlay "$(part_id "$m"):$m: total")
 done
+if [[ " ${failure_modes[*]} " == *" local_fallback "* ]]; then
+  python3 "$helper" plot --csv "$windows_csv" --run "$(part_id local_fallback)" --limit "$limit" --out "$out/partition.svg" \
+    --partition-from "$part_before".5 --partition-to "$((part_before + part_length))".5 \
+    --label "local_fallback: total" "${overlays[@]}" \
+    --bound "$per_region_bound:a region's fallback bound ($instances × $((limit / (divisor * ${#regions[@]}))))" \
+    --title "$title" --note "$note"
+fi
 
 python3 "$helper" report --windows "$windows_csv" --latency "$latency_csv" --runs "$runs_csv" \
   --limit "$limit" --region-limit "$region_limit" --divisor "$divisor" --regions "${#regions[@]}" \

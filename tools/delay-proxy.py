@@ -17,7 +17,9 @@ line each), or by signals:
                                 and new ones are closed as soon as they are accepted.
   heal                          (SIGHUP) forwarding resumes.
   delay MS                      sets the delay for chunks arriving from now on.
-  stats                         one JSON line: state, delay, connections, chunks, bytes.
+  stats                         one JSON line: state, delay, connections, chunks, bytes,
+                                max_lag_ms (the latest a chunk was written past its due
+                                time; chunks held by a partition left out).
 Each change of state is logged on stderr with the wall clock (seconds since the epoch).
 
 Usage: delay-proxy.py --listen PORT --upstream HOST:PORT [--delay-ms 40]
@@ -103,7 +105,9 @@ class Proxy:
         try:
             while True:
                 data = await reader.read(CHUNK)
-                queue.put_nowait((loop.time() + self.delay, self.cuts, data if data else None))
+                # (-1: arrived during a partition, so late on purpose.)
+                cuts = self.cuts if self.state == "open" else -1
+                queue.put_nowait((loop.time() + self.delay, cuts, data if data else None))
                 if not data:
                     break
             await sender
@@ -241,6 +245,18 @@ async def main():
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    # Connections still open at the stop are cancelled: that is no error.
+    default_handler = loop.get_exception_handler()
+
+    def quiet(loop, context):
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        if default_handler is not None:
+            default_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(quiet)
     proxy.log(f"{a.host}:{a.listen} -> {a.upstream}, delay {a.delay_ms:g} ms each way")
     print("ready", flush=True)
     async with server:
