@@ -280,6 +280,14 @@ async fn run(args: ServeArgs) -> ExitCode {
     let warmer = redis
         .clone()
         .map(|store| Warmer::install(store, &rules, warm_up_timeout));
+    // The global store (`--global-store`) is warmed the same way: its first lease would
+    // otherwise load the scripts, one more round trip to a distant store.
+    let global_warmer = service
+        .limiter
+        .store()
+        .global_redis()
+        .cloned()
+        .map(|store| Warmer::install(store, &rules, warm_up_timeout));
 
     let (grpc_listener, http_listener) = match (
         TcpListener::bind(args.grpc_listen).await,
@@ -346,6 +354,9 @@ async fn run(args: ServeArgs) -> ExitCode {
         // Before the acceptors start (connections wait in the listen backlog meanwhile)
         // and before /readyz says ready.
         warmer.start(warm::reported(warmed_rx, count)).await;
+    }
+    if let Some(warmer) = &global_warmer {
+        warmer.start(std::future::ready(0)).await;
     }
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());

@@ -141,6 +141,11 @@ impl AnyStore {
         }
     }
 
+    /// The global store (`--global-store`), when there is one.
+    pub fn global_redis(&self) -> Option<&Arc<RedisStore>> {
+        self.scale_out()?.global_store()
+    }
+
     /// Leased and synced counting in front of Redis, when that is the store.
     pub fn scale_out(&self) -> Option<&ScaleOut<Arc<RedisStore>>> {
         match self {

@@ -138,6 +138,14 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let warmer = redis
         .clone()
         .map(|store| Warmer::install(store, &rules, warm_up_timeout));
+    // The global store (`--global-store`) is warmed the same way: its first lease would
+    // otherwise load the scripts, one more round trip to a distant store.
+    let global_warmer = service
+        .limiter
+        .store()
+        .global_redis()
+        .cloned()
+        .map(|store| Warmer::install(store, &rules, warm_up_timeout));
     // The routes come with the rules (one load, one swap): a file whose `http` section
     // is invalid did not load, and the start stopped above.
     // A request without Host is refused before the decision, so it charges no limit.
@@ -217,6 +225,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     });
     if let Some(warmer) = &warmer {
         warmer.start(warm::reported(warmed_rx, count)).await;
+    }
+    if let Some(warmer) = &global_warmer {
+        warmer.start(std::future::ready(0)).await;
     }
     let acceptor = tokio::spawn(workers::distribute(
         listener,

@@ -34,7 +34,7 @@ use std::time::Duration;
 use super::lease::{self, Leases, Spent};
 use super::per_limit::LimitStats;
 use super::sync::{self, Syncs};
-use super::{rejects, rejects_by, ChargeRejected, Check, Error, Store};
+use super::{rejects, rejects_by, ChargeRejected, Check, Error, LeaseToken, Store};
 use crate::algorithm::{Consistency, Limit, Scope};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
@@ -692,6 +692,8 @@ impl<S: Store + 'static> ScaleOut<S> {
         let mut undo = Vec::new();
         let mut exact = Vec::new();
         let mut seeds = Vec::new();
+        // Charges made in the global store that a rejection of the request takes back.
+        let mut far_charges: Vec<(usize, LeaseToken)> = Vec::new();
         for (i, (c, r)) in checks.iter().zip(&routes).enumerate() {
             match *r {
                 Route::Exact => exact.push(i),
@@ -757,8 +759,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                     })
                     .collect();
                 let answered = if is_far {
-                    let global = self.store_of(subset[0].limit);
-                    self.call(subset[0].limit, now, within(global, now, &subset, budget))
+                    self.far_exact(now, &part, &subset, budget, &mut far_charges)
                         .await
                 } else {
                     self.inner_check(now, &subset, budget).await
@@ -771,6 +772,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                     }
                     Err(e) => {
                         self.give_back(checks, &undo);
+                        self.refund_far(now, checks, &far_charges);
                         return Err(e);
                     }
                 }
@@ -817,8 +819,96 @@ impl<S: Store + 'static> ScaleOut<S> {
                 decisions[i].remaining = decisions[i].remaining.saturating_add(checks[i].cost);
             }
             self.give_back(checks, &undo);
+            let taken: Vec<(usize, LeaseToken)> = far_charges
+                .into_iter()
+                .filter(|(i, _)| checks[*i].charge != ChargeRejected::All)
+                .collect();
+            self.refund_far(now, checks, &taken);
         }
         Ok(decisions)
+    }
+
+    /// Decides the exact checks of global limits (`part`, indexes into the request's
+    /// checks, and `subset`, those checks as they are to be charged) in the global
+    /// store. Each that charges a plain count is taken as a lease of its cost, whose
+    /// token `charges` keeps, so that the charge can be given back if the request is
+    /// rejected after all (by a regional limit); the rest (reads, quota groups) go in
+    /// one call.
+    async fn far_exact(
+        &self,
+        now: Nanos,
+        part: &[usize],
+        subset: &[Check<'_>],
+        budget: Option<Duration>,
+        charges: &mut Vec<(usize, LeaseToken)>,
+    ) -> Result<Vec<Decision>, Error> {
+        let global = self.store_of(subset[0].limit);
+        let (single, batch): (Vec<usize>, Vec<usize>) = (0..subset.len()).partition(|&j| {
+            let c = &subset[j];
+            c.cost > 0 && c.quota.is_none() && c.charge != ChargeRejected::All
+        });
+        let mut answers = vec![Decision::default(); subset.len()];
+        if !batch.is_empty() {
+            let checks: Vec<Check<'_>> = batch.iter().map(|&j| subset[j]).collect();
+            let decided = self
+                .call(subset[0].limit, now, within(global, now, &checks, budget))
+                .await?;
+            for (&j, d) in batch.iter().zip(decided) {
+                answers[j] = d;
+            }
+        }
+        for j in single {
+            let c = subset[j];
+            // Charged as a lease (only if admitted); an `over_limit` check the store
+            // rejects is then charged anyway, as it would have been.
+            let plain = Check {
+                charge: ChargeRejected::None,
+                ..c
+            };
+            // (On an error, the caller gives back the charges made so far.)
+            let (mut d, token) = self
+                .call(c.limit, now, global.lease(now, plain, budget))
+                .await?;
+            if let (true, Some(token)) = (d.allowed, token) {
+                charges.push((part[j], token));
+            }
+            if !d.allowed && c.charge == ChargeRejected::OverLimit {
+                d = self
+                    .call(c.limit, now, within(global, now, &[c], budget))
+                    .await?[0];
+            }
+            answers[j] = d;
+        }
+        Ok(answers)
+    }
+
+    /// Gives back to the global store, in the background, the charges of a request that
+    /// was rejected after they were made.
+    fn refund_far(&self, now: Nanos, checks: &[Check<'_>], charges: &[(usize, LeaseToken)]) {
+        if charges.is_empty() {
+            return;
+        }
+        let refunds: Vec<(Limit, Box<[u8]>, u64, LeaseToken)> = charges
+            .iter()
+            .map(|(i, token)| {
+                let c = &checks[*i];
+                (*c.limit, c.key.into(), c.cost, token.clone())
+            })
+            .collect();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("charges of a rejected request could not be given back to the global store: no runtime");
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            for (limit, key, cost, token) in &refunds {
+                let store = this.store_of(limit);
+                let check = Check::new(limit, &**key, *cost);
+                if let Err(e) = this.call(limit, now, store.give_back(now, check, token)).await {
+                    tracing::debug!(error = %e, "a rejected request's charge could not be given back to the global store; it expires");
+                }
+            }
+        });
     }
 
     fn give_back(&self, checks: &[Check<'_>], undo: &[Undo]) {
