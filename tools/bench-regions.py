@@ -572,6 +572,7 @@ def cmd_report(a):
                 p(f"| {split} | {delay} ms | {g} | {median(offered):.0f} | {median(dps):.0f} | {fmt(median(p50))} | {fmt(median(p99))} | "
                   f"{fmt(median(dp99), '{:+.2f}') if dp99 else '–'} | {fmt(median(o1), '{:.1f} %')} / {fmt(median(o50), '{:.1f} %')} | {fmt(median(sp99), '{:g}')} | {fmt(median(rp99))} | {fmt(median(share), '{:.1f} %')} | {fmt(median(radm), '{:.3f}')} |")
             per, mx, over, nwin, cpd, rpd, rtt, whole, gmax, vs_store = [], [], 0, 0, [], [], [], [], [], []
+            lagmax, late5, chunks = 0.0, 0, 0
             for i in ids:
                 full = full_windows(by_run[i])
                 v = [num(w["admitted_per_limit"]) for w in full]
@@ -588,15 +589,19 @@ def cmd_report(a):
                 counts = [num(w["global_store_count"]) for w in rows if w["global_store_count"]]
                 gmax.append(max(counts) / a.limit if counts else float("nan"))
                 vs_store.append(adm / sum(counts) if counts and sum(counts) else float("nan"))
+                info0 = run_info[i][0]
+                lagmax = max(lagmax, num(info0["proxy_max_lag_ms"]))
+                late5 += int(num(info0["proxy_late_5ms"]))
+                chunks += int(num(info0["proxy_chunks"]))
                 timed = sum(num(w["global_calls_timed"]) for w in rows)
                 rtt.append(1000 * sum(num(w["global_call_seconds"]) for w in rows) / timed if timed else float("nan"))
             fleet.append((split, delay, median(per), max(mx), over, nwin, median(cpd), median(rpd), median(rtt), len(ids),
-                          median(whole), max(gmax), median(vs_store)))
+                          median(whole), max(gmax), median(vs_store), lagmax, late5, chunks))
         p()
-        p("| split | delay each way | admitted ÷ limit per window by answer time, median (max) | windows over, by answer time | whole run: admitted ÷ (limit × windows) | highest global-store count ÷ limit | admitted ÷ global-store count | global-store calls / decision (metric) | global Redis requests / decision | mean global call ms | runs |")
-        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for split, delay, med, mx, over, nwin, cpd, rpd, rtt, n, whole, gmax, vs_store in fleet:
-            p(f"| {split} | {delay} ms | {med:.3f} ({mx:.3f}) | {over} of {nwin} | {whole:.3f} | {fmt(gmax, '{:.3f}')} | {fmt(vs_store, '{:.3f}')} | {cpd:.4f} | {rpd:.4f} | {fmt(rtt)} | {n} |")
+        p("| split | delay each way | admitted ÷ limit per window by answer time, median (max) | windows over, by answer time | whole run: admitted ÷ (limit × windows) | highest global-store count ÷ limit | admitted ÷ global-store count | global-store calls / decision (metric) | global Redis requests / decision | mean global call ms | proxy: chunks > 5 ms late, of all (worst ms) | runs |")
+        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for split, delay, med, mx, over, nwin, cpd, rpd, rtt, n, whole, gmax, vs_store, lagmax, late5, chunks in fleet:
+            p(f"| {split} | {delay} ms | {med:.3f} ({mx:.3f}) | {over} of {nwin} | {whole:.3f} | {fmt(gmax, '{:.3f}')} | {fmt(vs_store, '{:.3f}')} | {cpd:.4f} | {rpd:.4f} | {fmt(rtt)} | {late5} of {chunks} ({lagmax:.1f}) | {n} |")
         p()
     part_runs = sorted({r["run"] for r in runs if r["kind"] == "partition"})
     if part_runs:
@@ -635,7 +640,11 @@ def cmd_report(a):
         p()
         for i in part_runs:
             mode = run_info[i][0]["failure_mode"]
+            info0 = run_info[i][0]
             p(f"#### {mode}, per window (run {i})")
+            p()
+            p(f"The delay proxy wrote {info0['proxy_late_5ms']} of {info0['proxy_chunks']} chunks more than 5 ms late "
+              f"({info0['proxy_late_1ms']} more than 1 ms, worst {num(info0['proxy_max_lag_ms']):.1f} ms; chunks held by the partition left out).")
             p()
             p("| second | phase | " + " | ".join(f"{g} admitted" for g in regs) + " | total | total ÷ limit | global-store count | " +
               " | ".join(f"{g} p99 ms" for g in regs) + " | global-store calls (failed) | fallback s |")

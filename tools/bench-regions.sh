@@ -61,7 +61,9 @@
 # "server": the instances' own tollgate_decision_duration_seconds over the run (g and r
 # decisions together), as the upper bound of the bucket holding each percentile.
 # runs.csv: per run and region: offered g per s, h2load's answered per s (g and r),
-# failed, and per run: INFO commandstats of the global Redis (requests sent by the
+# failed, and per run: the delay proxy's own lateness (the latest it wrote a chunk past
+# its due time, and how many chunks it wrote more than 1, 5, 20 ms late; chunks held by
+# a partition left out: tools/delay-proxy.py's stats), INFO commandstats of the global Redis (requests sent by the
 # instances: script calls and plain commands, without the commands run inside scripts
 # and the sampler's own SCAN/MGET/INFO).
 # summary.md (tools/bench-regions.py report), medians over the rounds:
@@ -315,7 +317,7 @@ latency_csv="$out/latency.csv"
 runs_csv="$out/runs.csv"
 : >"$windows_csv"
 echo "run,region,descriptor,phase,requests,failed,p50_ms,p99_ms,p999_ms,max_ms,over_1ms,over_50ms" >"$latency_csv"
-echo "run,kind,failure_mode,split,delay_ms,round,region,offered_g_per_s,g_answered_per_s,r_answered_per_s,failed,start,windows,partition_at,heal_at,global_requests,global_commands" >"$runs_csv"
+echo "run,kind,failure_mode,split,delay_ms,round,region,offered_g_per_s,g_answered_per_s,r_answered_per_s,failed,start,windows,partition_at,heal_at,proxy_max_lag_ms,proxy_chunks,proxy_late_1ms,proxy_late_5ms,proxy_late_20ms,global_requests,global_commands" >"$runs_csv"
 run_no=0
 
 # One run: KIND (latency | partition), failure MODE, SPLIT (80/20), DELAY (ms), ROUND,
@@ -327,6 +329,7 @@ run() {
   id="$(printf '%02d' "$run_no")"
   value="run$id"
   proxy_ctl delay "$delay" >/dev/null
+  proxy_ctl stats reset >/dev/null
   call_bin "$domain" g "$value" "$work/g-$id.bin"
   call_bin "$domain" r "$value" "$work/r-$id.bin"
   local -A share_of=([r1]="${split%/*}" [r2]="${split#*/}")
@@ -378,6 +381,9 @@ run() {
   for i in "${client_pids[@]}"; do wait "$i" || true; done
   client_pids=()
   global_commands >"$work/cmd1"
+  local pstats lag
+  pstats="$(proxy_ctl stats)"
+  lag="$(field "$pstats" max_lag_ms),$(field "$pstats" timed_chunks),$(field "$pstats" late_1ms),$(field "$pstats" late_5ms),$(field "$pstats" late_20ms)"
   local req breakdown
   read -r req breakdown <<<"$(global_requests "$work/cmd0" "$work/cmd1")"
   local header=()
@@ -406,7 +412,7 @@ run() {
       done
     done
     ((failed == 0)) || log "WARNING: run $id $reg: h2load counted $failed failed/errored/timed-out calls"
-    echo "$id,$kind,$mode,$split,$delay,$round,$reg,$offered,$gps,$rps,$failed,$s0,$nwin,${part_at:+$((part_at / 1000000))},${heal_at:+$((heal_at / 1000000))},$req,$breakdown" >>"$runs_csv"
+    echo "$id,$kind,$mode,$split,$delay,$round,$reg,$offered,$gps,$rps,$failed,$s0,$nwin,${part_at:+$((part_at / 1000000))},${heal_at:+$((heal_at / 1000000))},$lag,$req,$breakdown" >>"$runs_csv"
   done
   python3 "$helper" brief --windows "$windows_csv" --latency "$latency_csv" --run "$id" \
     --label "$kind $mode $split, delay ${delay} ms, round $round" >&2

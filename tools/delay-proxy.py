@@ -17,9 +17,11 @@ line each), or by signals:
                                 and new ones are closed as soon as they are accepted.
   heal                          (SIGHUP) forwarding resumes.
   delay MS                      sets the delay for chunks arriving from now on.
-  stats                         one JSON line: state, delay, connections, chunks, bytes,
+  stats [reset]                 one JSON line: state, delay, connections, chunks, bytes,
                                 max_lag_ms (the latest a chunk was written past its due
-                                time; chunks held by a partition left out).
+                                time), timed_chunks, late_1ms / _5ms / _20ms (chunks
+                                written more than 1 / 5 / 20 ms past it); chunks held by a
+                                partition left out. reset: zeroes the lag figures after.
 Each change of state is logged on stderr with the wall clock (seconds since the epoch).
 
 Usage: delay-proxy.py --listen PORT --upstream HOST:PORT [--delay-ms 40]
@@ -53,6 +55,10 @@ class Proxy:
         self.bytes = {"up": 0, "down": 0}
         self.max_lag = 0.0  # worst lateness of a write past its due time, seconds
         self.cuts = 0  # partitions so far (a chunk held by one is late on purpose)
+        # Chunks written on time or late (past their due time by more than 1, 5, 20 ms),
+        # those held by a partition left out; "stats reset" zeroes these.
+        self.timed = 0
+        self.late = {1: 0, 5: 0, 20: 0}
 
     def log(self, what):
         print(f"{time.time():.3f} delay-proxy: {what}", file=sys.stderr, flush=True)
@@ -89,7 +95,12 @@ class Proxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if self.healed.is_set() and cuts == self.cuts:
-                    self.max_lag = max(self.max_lag, loop.time() - due)
+                    lag = loop.time() - due
+                    self.max_lag = max(self.max_lag, lag)
+                    self.timed += 1
+                    for ms in self.late:
+                        if lag * 1000 > ms:
+                            self.late[ms] += 1
                 else:
                     await self.healed.wait()
                 if writer.transport.is_closing():
@@ -158,6 +169,10 @@ class Proxy:
             "bytes_up": self.bytes["up"],
             "bytes_down": self.bytes["down"],
             "max_lag_ms": round(self.max_lag * 1000, 3),
+            "timed_chunks": self.timed,
+            "late_1ms": self.late[1],
+            "late_5ms": self.late[5],
+            "late_20ms": self.late[20],
         }
 
     def command(self, line):
@@ -185,7 +200,10 @@ class Proxy:
             self.log(f"delay {ms:.1f} ms")
             return f"ok delay {ms:g}"
         if cmd == "stats":
-            return json.dumps(self.stats(), separators=(",", ":"))
+            out = json.dumps(self.stats(), separators=(",", ":"))
+            if args == ["reset"]:
+                self.max_lag, self.timed, self.late = 0.0, 0, {1: 0, 5: 0, 20: 0}
+            return out
         return "error: unknown command (partition [blackhole|reset], heal, delay MS, stats)"
 
     async def control(self, reader, writer):
