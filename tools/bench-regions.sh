@@ -87,7 +87,8 @@
 # latency and failures per phase, the global Redis's counts against the admitted, the
 # global-store calls and failures, and the run window by window;
 # target/bench-regions/partition-MODE.svg: admitted per second per region and in all
-# against LIMIT. Every h2load log is kept (logs/, gzip).
+# against LIMIT; partition.svg: local_fallback's regions and total with the other modes'
+# totals. Every h2load log is kept (logs/, gzip).
 #
 # Usage: tools/bench-regions.sh
 # Environment (optional): LIMIT (1000), LOAD (2), REGION_LIMIT (250), REGION_LOAD (2),
