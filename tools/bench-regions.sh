@@ -94,7 +94,10 @@
 # Environment (optional): LIMIT (1000), LOAD (2), REGION_LIMIT (250), REGION_LOAD (2),
 #   SPLITS ("80/20 50/50"), ROUNDS (3), DURATION (10: seconds per latency run),
 #   DELAY_MS (40: each way), INSTANCES (2 per region), STREAMS (256), LEASE_PERIOD
-#   (100ms), DIVISOR (2: local_fallback_divisor), FAILURE_MODES ("local_fallback
+#   (100ms), GLOBAL_ALGORITHM (fixed_window; token_bucket or gcra: g as a bucket of
+#   LIMIT per second with a burst of LIMIT, whose leases never stop at a window's turn;
+#   the per-window "over" and global-store count columns then mean nothing: a bucket may
+#   admit its burst and a second's refill in one window), DIVISOR (2: local_fallback_divisor), FAILURE_MODES ("local_fallback
 #   fail_open fail_closed"; empty: no partition runs), PARTITION (blackhole | reset),
 #   PARTITION_SPLIT (80/20), PART_BEFORE (10), PART_LENGTH (10), PART_AFTER (10),
 #   LATENCY (1: 0 skips the latency runs), SERVE_ARGS (more `tollgate serve` flags),
@@ -118,6 +121,7 @@ delay_ms="${DELAY_MS:-40}"
 instances="${INSTANCES:-2}"
 streams="${STREAMS:-256}"
 lease_period="${LEASE_PERIOD:-100ms}"
+global_algorithm="${GLOBAL_ALGORITHM:-fixed_window}"
 divisor="${DIVISOR:-2}"
 read -r -a failure_modes <<<"${FAILURE_MODES-local_fallback fail_open fail_closed}"
 partition="${PARTITION:-blackhole}"
@@ -224,7 +228,7 @@ for m in local_fallback fail_open fail_closed; do
     echo "descriptors:"
     echo "  - key: g"
     [[ "$global" != 1 ]] || echo "    scope: global"
-    echo "    rate_limit: {unit: second, requests_per_unit: $limit}"
+    echo "    rate_limit: {unit: second, requests_per_unit: $limit, algorithm: $global_algorithm}"
     echo "  - key: r"
     [[ "$global" != 1 ]] || echo "    scope: region"
     echo "    rate_limit: {unit: second, requests_per_unit: $region_limit}"

@@ -196,13 +196,27 @@ struct Entry {
     period: Nanos,
     /// A lease call in flight: other requests wait for it instead of calling too.
     leasing: Option<Arc<tokio::sync::Notify>>,
+    /// The size the key's rate asked for at the last lease call, before what the store
+    /// said was left capped it.
+    want: u64,
+    /// The last lease call got less than it first asked for (or nothing): the store is
+    /// short of room for this key.
+    short: bool,
+    /// Units of the requests waiting for the lease call in flight.
+    queued: u64,
 }
 
 impl Entry {
     /// The size of this key's next lease at `now`, for a request that needs `need`
     /// units more than are in hand.
-    fn next_lease(&self, need: u64, now: Nanos, period: Nanos) -> u64 {
+    fn next_lease(&self, need: u64, now: Nanos, period: Nanos) -> (u64, u64) {
         let limit = &self.limit;
+        // A fixed window that has turned since the last lease: what the store said was
+        // left was the old window's, and the key's demand (spent, or refused while the
+        // old window was full) is the rate to lease the new one at.
+        let turned = matches!(limit.algorithm(), Algorithm::FixedWindow(_))
+            && self.size > 0
+            && now >= self.reset_at;
         // A fixed window's units expire with it: lease no more than half its rest is
         // likely to spend, so that leases shrink as the end nears and little is left in
         // hand when it comes. Windows follow each other, so a new one ends a whole number
@@ -219,22 +233,22 @@ impl Entry {
             }
             _ => period,
         };
-        next_size(
-            need,
-            self.size,
-            // A window's leases follow what the key spent (a window that fills turns its
-            // demand away until it ends); a bucket's follow what it was asked for, which
-            // goes on while a refused bucket refills.
-            if decays(limit) {
-                self.demand
-            } else {
-                self.spent
-            },
-            now.saturating_sub(self.taken_at),
-            horizon,
-            self.left,
-            limit.limit(),
-        )
+        // A window's leases follow what the key spent within it (a window that fills
+        // turns its demand away until it ends); a bucket's, and a new window's, follow
+        // what it was asked for, which goes on while a refused bucket refills.
+        let used = if decays(limit) || turned {
+            self.demand
+        } else {
+            self.spent
+        };
+        let elapsed = now.saturating_sub(self.taken_at);
+        // The growth cap follows the size the rate asked for, not one that what was left
+        // shrank (a window's last leases are small; the next window's need not be).
+        let last = self.size.max(self.want);
+        let left = if turned { None } else { self.left };
+        let want = next_size(need, last, used, elapsed, horizon, None, limit.limit());
+        let size = next_size(need, last, used, elapsed, horizon, left, limit.limit());
+        (size, want)
     }
 }
 
@@ -340,6 +354,9 @@ impl Leases {
             last_used: now,
             period,
             leasing: None,
+            want: 0,
+            short: false,
+            queued: 0,
         });
         if e.limit != *limit || *e.key != *key {
             // Two keys with one fingerprint: the later is decided exactly.
@@ -393,13 +410,20 @@ impl Leases {
             e.left = None;
         }
         if let Some(n) = &e.leasing {
+            // Counted among the waiters until it looks again ([`Leases::unqueue`]), so
+            // that the next lease covers it.
+            e.queued = e.queued.saturating_add(cost);
             // Made under the lock: the lease's answer, which wakes it, takes the lock too.
             return Local::Wait(Arc::clone(n).notified_owned());
         }
         if e.leases.len() >= MAX_LEASES_PER_KEY {
             return Local::Exact;
         }
-        let size = e.next_lease(cost.saturating_sub(usable), now, period);
+        // Enough for this request and for the requests waiting for the call in flight,
+        // which find nothing in hand after it.
+        let need = cost.saturating_sub(usable).saturating_add(e.queued);
+        let (size, want) = e.next_lease(need, now, period);
+        e.want = want;
         e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
         Local::Lease(size)
     }
@@ -429,9 +453,52 @@ impl Leases {
         if usable.saturating_mul(2) >= e.size {
             return None;
         }
-        let size = e.next_lease(1, now, period);
+        let (size, want) = e.next_lease(1, now, period);
+        e.want = want;
         e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
         Some(size)
+    }
+
+    /// A request that waited for `key`'s lease call (its `cost` counted by
+    /// [`Leases::spend`]) is no longer waiting.
+    pub fn unqueue(&self, limit: &Limit, key: &[u8], cost: u64) {
+        let fp = fingerprint(limit, key);
+        if let Some(e) = self.shard(fp).lock().get_mut(&fp) {
+            e.queued = e.queued.saturating_sub(cost);
+        }
+    }
+
+    /// Records whether the last lease call of `key` got less than it first asked for.
+    pub fn set_short(&self, limit: &Limit, key: &[u8], short: bool) {
+        let fp = fingerprint(limit, key);
+        if let Some(e) = self.shard(fp).lock().get_mut(&fp) {
+            e.short = short;
+        }
+    }
+
+    /// A refusal for a request that waited for a lease call of `key` and still finds no
+    /// unit in hand, when that call got less than it asked for: the store had no more
+    /// room for this instance then, so the request is refused here rather than queued
+    /// behind another call. `None`: it may ask again.
+    pub fn short_refusal(
+        &self,
+        limit: &Limit,
+        key: &[u8],
+        now: Nanos,
+        period: Nanos,
+    ) -> Option<Decision> {
+        let fp = fingerprint(limit, key);
+        let shard = self.shard(fp).lock();
+        let e = shard.get(&fp)?;
+        if e.limit != *limit || *e.key != *key || !e.short {
+            return None;
+        }
+        let reset = e.reset_at.saturating_sub(now);
+        let retry = match limit.algorithm() {
+            Algorithm::FixedWindow(_) => period.min(reset),
+            _ => period,
+        };
+        Some(Decision::reject(limit.limit(), 0, reset, retry.max(1)))
     }
 
     /// A lease call sent at `sent` for `asked` units answered `d` (charged with `units`,

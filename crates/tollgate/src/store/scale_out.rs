@@ -326,6 +326,16 @@ impl<S: Store + 'static> ScaleOut<S> {
         result
     }
 
+    /// About half a round trip to the store of `limit`: the global store's, measured;
+    /// nothing for the region's.
+    fn half_trip(&self, limit: &Limit) -> Nanos {
+        if self.is_global(limit) {
+            self.inner.global_rtt.load(Ordering::Relaxed) / 2
+        } else {
+            0
+        }
+    }
+
     /// How long the global store has failed in all until `now` (ns), the current spell
     /// included.
     pub fn global_down(&self, now: Nanos) -> Nanos {
@@ -593,8 +603,22 @@ impl<S: Store + 'static> ScaleOut<S> {
         } else {
             period
         };
+        let global = self.is_global(c.limit);
+        let mut waited = false;
         for turn in 0..5 {
-            let size = match leases.spend(c.limit, c.key, c.cost, now, period) {
+            let local = leases.spend(c.limit, c.key, c.cost, now, period);
+            // A global key's request that waited for a lease call which got less than
+            // it asked for, and finds nothing in hand: the store is out of room for this
+            // instance; refused here, not queued behind another distant call.
+            if global && waited && matches!(local, lease::Local::Wait(_) | lease::Local::Lease(_)) {
+                if let Some(d) = leases.short_refusal(c.limit, c.key, now, period) {
+                    if matches!(local, lease::Local::Lease(_)) {
+                        leases.failed(c.limit, c.key);
+                    }
+                    return Ok(Some((d, None)));
+                }
+            }
+            let size = match local {
                 lease::Local::Decided(d, spent) => {
                     if self.is_global(c.limit) {
                         self.renew_ahead(c, now, period);
@@ -632,6 +656,8 @@ impl<S: Store + 'static> ScaleOut<S> {
                         LEASE_WAIT
                     };
                     let _ = tokio::time::timeout(wait, answered).await;
+                    leases.unqueue(c.limit, c.key, c.cost);
+                    waited = true;
                     continue;
                 }
                 lease::Local::Lease(size) => size,
@@ -662,6 +688,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                 };
                 if d.allowed {
                     leases.taken(c.limit, c.key, asked, asked, &d, now, period, token);
+                    leases.set_short(c.limit, c.key, asked < size);
                     call.answered = true;
                     break;
                 }
@@ -671,7 +698,12 @@ impl<S: Store + 'static> ScaleOut<S> {
                     continue;
                 }
                 // No room for this request: refused, as the store would refuse it.
-                leases.taken(c.limit, c.key, asked, 0, &d, now, period, None);
+                // (A refusal is timed from its arrival at the store, about half a round
+                // trip after it was sent: a key blocked until a retry could pass is not
+                // asked again before the window it was refused in has ended there.)
+                let at = now.saturating_add(self.half_trip(c.limit));
+                leases.taken(c.limit, c.key, asked, 0, &d, at, period, None);
+                leases.set_short(c.limit, c.key, true);
                 call.answered = true;
                 return Ok(Some((d, None)));
             }
@@ -746,6 +778,7 @@ impl<S: Store + 'static> Renewal<S> {
             match this.call(&limit, now, store.lease(now, ask, None)).await {
                 Ok((d, token)) if d.allowed => {
                     leases.taken(&limit, key, asked, asked, &d, now, period, token);
+                    leases.set_short(&limit, key, asked < size);
                     self.answered = true;
                     return;
                 }
@@ -758,7 +791,9 @@ impl<S: Store + 'static> Renewal<S> {
                     }
                     // No room: the units in hand are still spent; no lease is asked
                     // for again before a retry could pass.
-                    leases.taken(&limit, key, asked, 0, &d, now, period, None);
+                    let at = now.saturating_add(this.half_trip(&limit));
+                    leases.taken(&limit, key, asked, 0, &d, at, period, None);
+                    leases.set_short(&limit, key, true);
                     self.answered = true;
                     return;
                 }
