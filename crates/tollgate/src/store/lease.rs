@@ -421,7 +421,9 @@ impl Leases {
         }
         // Enough for this request and for the requests waiting for the call in flight,
         // which find nothing in hand after it.
-        let need = cost.saturating_sub(usable).saturating_add(e.queued);
+        let need = cost
+            .saturating_sub(usable)
+            .saturating_add(e.queued.min(limit.limit()));
         let (size, want) = e.next_lease(need, now, period);
         e.want = want;
         e.leasing = Some(Arc::new(tokio::sync::Notify::new()));

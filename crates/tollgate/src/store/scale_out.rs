@@ -191,6 +191,21 @@ struct LeaseCall<'a> {
     answered: bool,
 }
 
+/// A request waiting for a lease call, counted among its waiters (so that the next lease
+/// covers it) until dropped.
+struct Queued<'a> {
+    leases: &'a Leases,
+    limit: &'a Limit,
+    key: &'a [u8],
+    cost: u64,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.leases.unqueue(self.limit, self.key, self.cost);
+    }
+}
+
 impl Drop for LeaseCall<'_> {
     fn drop(&mut self) {
         if !self.answered {
@@ -637,6 +652,14 @@ impl<S: Store + 'static> ScaleOut<S> {
                     break;
                 }
                 lease::Local::Wait(answered) => {
+                    // Counted among the call's waiters until this request looks again,
+                    // or is dropped while it waits.
+                    let _queued = Queued {
+                        leases,
+                        limit: c.limit,
+                        key: c.key,
+                        cost: c.cost,
+                    };
                     // While the global store fails, one request per key probes it; the
                     // others get the failure mode at once instead of waiting out its
                     // deadline one after another.
@@ -656,7 +679,6 @@ impl<S: Store + 'static> ScaleOut<S> {
                         LEASE_WAIT
                     };
                     let _ = tokio::time::timeout(wait, answered).await;
-                    leases.unqueue(c.limit, c.key, c.cost);
                     waited = true;
                     continue;
                 }
