@@ -370,3 +370,161 @@ fn a_failing_global_store_is_timed_and_leasing_resumes_after_it() {
     let total = one.global_down(now);
     assert_eq!(one.global_down(now + 10_000 * MS), total);
 }
+
+/// Lets background calls run.
+fn settle(rt: &tokio::runtime::Runtime) {
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+}
+
+/// A cold global key whose request costs more than one unit leases that cost, and no
+/// lease ahead right after it (its rate is not known yet).
+#[test]
+fn a_cold_global_key_leases_its_requests_cost_and_nothing_ahead() {
+    let rt = runtime();
+    let global_store = Gate::new();
+    let region = Gate::new();
+    let one = ScaleOut::with_global(link(&region), link(&global_store), 10_000);
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        1_000,
+        Duration::from_secs(60),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Leased { period: 100 * MS })
+    .with_scope(Scope::Global);
+    let now = START + MS;
+    assert!(
+        rt.block_on(one.check(now, &[Check::new(&limit, "cold", 5)]))
+            .unwrap()[0]
+            .allowed
+    );
+    settle(&rt);
+    let left = global_store.remaining(&limit, "cold", now + MS);
+    eprintln!(
+        "global remaining after one request of cost 5: {left}; stats {:?}",
+        one.stats()
+    );
+    assert_eq!(
+        left, 995,
+        "the cold key holds more than its request in hand"
+    );
+}
+
+/// A lease ahead of need whose task is dropped before it ran (its runtime shut down)
+/// still marks the call over: later requests do not wait for it.
+#[test]
+fn a_renewal_dropped_before_it_ran_does_not_leave_its_key_waiting() {
+    let global_store = Gate::new();
+    let region = Gate::new();
+    let one = ScaleOut::with_global(link(&region), link(&global_store), 10_000);
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        100_000,
+        Duration::from_secs(60),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Leased { period: 100 * MS })
+    .with_scope(Scope::Global);
+    let check = [Check::new(&limit, "k", 1)];
+    let rt = runtime();
+    let mut now = START;
+    for _ in 0..300 {
+        now += MS;
+        assert!(rt.block_on(one.check(now, &check)).unwrap()[0].allowed);
+    }
+    settle(&rt);
+    // A current-thread runtime: the renewal is spawned, then the runtime is dropped
+    // before the task is polled.
+    let before = one.stats().global_calls;
+    for _ in 0..1000 {
+        let ct = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        now += MS;
+        assert!(ct.block_on(one.check(now, &check)).unwrap()[0].allowed);
+        drop(ct);
+    }
+    let after = one.stats().global_calls;
+    assert!(after >= before);
+    // Now spend with a real runtime: no request waits for a call that never runs.
+    for _ in 0..20 {
+        now += MS;
+        let d = rt
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(2), one.check(now, &check)).await
+            })
+            .expect("a request waited for a lease call that never ran");
+        assert!(d.unwrap()[0].allowed);
+    }
+}
+
+/// A limit of `Scope::Global` whose consistency is exact is leased only if a lease keeps
+/// its meaning: a leaky bucket's queue is decided in the global store, its delays as one
+/// store gives them.
+#[test]
+fn a_global_queue_is_decided_exactly_in_the_global_store() {
+    use tollgate::algorithm::{LeakyBucket, LeakyMode};
+    let rt = runtime();
+    let global_store = Gate::new();
+    let region = Gate::new();
+    let limit = Limit::new(Algorithm::LeakyBucket(LeakyBucket::new(
+        10,
+        Duration::from_secs(1),
+        LeakyMode::Queue,
+    )))
+    .unwrap()
+    .with_scope(Scope::Global);
+    let one = ScaleOut::with_global(link(&region), link(&global_store), 10_000);
+    let direct = MemoryStore::new();
+    let (mut vd, mut rdl) = (Vec::new(), Vec::new());
+    for n in 0..10u64 {
+        let now = START + n * MS;
+        let check = [Check::new(&limit, "k", 1)];
+        vd.push(rt.block_on(one.check(now, &check)).unwrap()[0].delay / MS);
+        rdl.push(direct.check_all(now, &check)[0].delay / MS);
+    }
+    eprintln!("queue delays (ms): scale_out {vd:?}, one store {rdl:?}");
+    assert_eq!(vd, rdl);
+}
+
+/// A global store 300 ms away: requests that wait for another request's lease call wait
+/// for its answer, and the next lease covers them, rather than each calling.
+#[test]
+fn requests_waiting_for_a_far_lease_call_do_not_each_call() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_time()
+        .build()
+        .unwrap();
+    let global_store = Gate::new();
+    let region = Gate::new();
+    let one = Arc::new(ScaleOut::with_global(
+        link(&region),
+        link(&global_store),
+        10_000,
+    ));
+    let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+        100_000,
+        Duration::from_secs(60),
+    )))
+    .unwrap()
+    .with_consistency(Consistency::Leased { period: 100 * MS })
+    .with_scope(Scope::Global);
+    global_store.set_open(false);
+    let now = START + MS;
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            let one = Arc::clone(&one);
+            rt.spawn(async move {
+                one.check(now, &[Check::new(&limit, "k", 1)]).await.unwrap()[0].allowed
+            })
+        })
+        .collect();
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(300)).await });
+    global_store.set_open(true);
+    for h in handles {
+        assert!(rt.block_on(h).unwrap());
+    }
+    let calls = global_store.calls.load(Ordering::Relaxed);
+    eprintln!("20 concurrent requests, global store answering after 300 ms: {calls} global calls");
+    assert!(calls <= 2);
+}
