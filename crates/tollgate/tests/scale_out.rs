@@ -1167,26 +1167,30 @@ fn run(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The seeds to run: `SCALE_OUT_SEED=<n>` (one, to replay), `SCALE_OUT_SEEDS=<a>..<b>`,
-/// or 0..10,000.
-fn seeds() -> std::ops::Range<u64> {
-    if let Ok(s) = std::env::var("SCALE_OUT_SEED") {
+/// The seeds to run: `<one>=<n>` (one, to replay), `<range>=<a>..<b>`, or 0..10,000.
+fn seeds_from(one: &str, range: &str) -> std::ops::Range<u64> {
+    if let Ok(s) = std::env::var(one) {
         let n: u64 = s.parse().unwrap();
         return n..n + 1;
     }
-    if let Ok(s) = std::env::var("SCALE_OUT_SEEDS") {
-        let (a, b) = s.split_once("..").expect("SCALE_OUT_SEEDS=<a>..<b>");
+    if let Ok(s) = std::env::var(range) {
+        let (a, b) = s
+            .split_once("..")
+            .unwrap_or_else(|| panic!("{range}=<a>..<b>"));
         return a.parse().unwrap()..b.parse().unwrap();
     }
     0..10_000
 }
 
-#[test]
-fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
-    let seeds = seeds();
-    let started = std::time::Instant::now();
+/// The seeds of the scale-out simulation: `SCALE_OUT_SEED`, `SCALE_OUT_SEEDS`.
+fn seeds() -> std::ops::Range<u64> {
+    seeds_from("SCALE_OUT_SEED", "SCALE_OUT_SEEDS")
+}
+
+/// Runs `simulate` over `seeds` on four threads; the failures (at most five per thread).
+fn run_seeds(seeds: std::ops::Range<u64>, simulate: fn(u64) -> Result<(), String>) -> Vec<String> {
     let threads = 4;
-    let failures: Vec<String> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let seeds = seeds.clone();
@@ -1208,7 +1212,14 @@ fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
             .into_iter()
             .flat_map(|h| h.join().unwrap())
             .collect()
-    });
+    })
+}
+
+#[test]
+fn leased_instances_never_admit_more_than_the_limit_over_10_000_seeds() {
+    let seeds = seeds();
+    let started = std::time::Instant::now();
+    let failures = run_seeds(seeds.clone(), simulate);
     assert!(
         failures.is_empty(),
         "replay with SCALE_OUT_SEED=<seed> (SCALE_OUT_TRACE=1 prints each step):\n{}",
@@ -1909,46 +1920,16 @@ fn regions_run(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The seeds of the regions simulation: `REGIONS_SEED=<n>`, `REGIONS_SEEDS=<a>..<b>`,
-/// or 0..10,000.
+/// The seeds of the regions simulation: `REGIONS_SEED`, `REGIONS_SEEDS`.
 fn regions_seeds() -> std::ops::Range<u64> {
-    if let Ok(s) = std::env::var("REGIONS_SEED") {
-        let n: u64 = s.parse().unwrap();
-        return n..n + 1;
-    }
-    if let Ok(s) = std::env::var("REGIONS_SEEDS") {
-        let (a, b) = s.split_once("..").expect("REGIONS_SEEDS=<a>..<b>");
-        return a.parse().unwrap()..b.parse().unwrap();
-    }
-    0..10_000
+    seeds_from("REGIONS_SEED", "REGIONS_SEEDS")
 }
 
 #[test]
 fn regions_never_admit_more_than_a_global_limit_over_10_000_seeds() {
     let seeds = regions_seeds();
     let started = std::time::Instant::now();
-    let threads = 4;
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let seeds = seeds.clone();
-                s.spawn(move || {
-                    let rt = runtime();
-                    let _tokio = rt.enter();
-                    seeds
-                        .skip(t)
-                        .step_by(threads)
-                        .filter_map(|seed| simulate_regions(seed).err())
-                        .take(5)
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let failures = run_seeds(seeds.clone(), simulate_regions);
     assert!(
         failures.is_empty(),
         "replay with REGIONS_SEED=<seed> (SCALE_OUT_TRACE=1 prints each step):\n{}",
