@@ -27,6 +27,7 @@
 //! | `tollgate_sync_lag_seconds` | domain, descriptor | age of the oldest count a key of the rule in use is decided on, from the sync call that read it (0: no key in use) |
 //! | `tollgate_global_lease_duration_seconds` | | round trip of each call to the global store that answered (`--global-store`; leases of `scope: global` limits, mostly taken ahead of need) |
 //! | `tollgate_global_store_calls_total`, `tollgate_global_store_failures_total` | | calls to the global store, and those that failed |
+//! | `tollgate_global_dry_refusals_total` | | requests of a hot global key refused at once with no leased unit in hand, rather than wait a round trip to the global store (its next lease on its way, or just asked for) |
 //! | `tollgate_global_fallback_seconds_total` | | seconds the global store has been failing (from a failed call to the next that answered): the time global limits spent on leases in hand, then on their `failure_mode` |
 //! | `tollgate_connections` | listener | connections open |
 //! | `tollgate_connections_capped_total` | listener | times the listener reached `--max-connections` and stopped accepting until a connection closed |
@@ -557,6 +558,7 @@ struct ScaleOutMetrics {
     sync_lag: Family<RuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     global_call_seconds: Histogram,
     global_calls: Counter,
+    global_dry: Counter,
     global_failures: Counter,
     global_down_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
@@ -630,6 +632,7 @@ impl ScaleOutMetrics {
         );
         let global_call_seconds = Histogram::new(exponential_buckets(0.000_5, 2.0, 14));
         let global_calls = Counter::default();
+        let global_dry = Counter::default();
         let global_failures = Counter::default();
         let global_down_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
@@ -641,6 +644,11 @@ impl ScaleOutMetrics {
             "global_store_calls",
             "Calls to the global store (leases, give-backs, exact checks of global limits)",
             global_calls.clone(),
+        );
+        registry.register(
+            "global_dry_refusals",
+            "Requests of a hot scope: global key refused at once with no leased unit in hand, rather than wait a round trip to the distant global store",
+            global_dry.clone(),
         );
         registry.register(
             "global_store_failures",
@@ -655,6 +663,7 @@ impl ScaleOutMetrics {
         Self {
             global_call_seconds,
             global_calls,
+            global_dry,
             global_failures,
             global_down_seconds,
             leases,
@@ -749,6 +758,7 @@ impl ScaleOutMetrics {
             s.leased_local,
         );
         sync(&self.global_calls, s.global_calls);
+        sync(&self.global_dry, s.leased_dry);
         sync(&self.global_failures, s.global_failures);
         let down = global_down as f64 / 1e9;
         let counted = self.global_down_seconds.get();

@@ -288,6 +288,7 @@ fn add(a: ScaleOutStats, b: ScaleOutStats) -> ScaleOutStats {
         units_returned: a.units_returned + b.units_returned,
         leases_refused: a.leases_refused + b.leases_refused,
         leased_local: a.leased_local + b.leased_local,
+        leased_dry: a.leased_dry + b.leased_dry,
         sync_calls: a.sync_calls + b.sync_calls,
         sync_failures: a.sync_failures + b.sync_failures,
         units_synced: a.units_synced + b.units_synced,

@@ -252,6 +252,75 @@ fn a_hot_global_key_takes_its_next_lease_before_its_units_run_out() {
     assert_eq!(region.calls.load(Ordering::Relaxed), 0);
 }
 
+/// A hot global key far from its store (round trips timed at 10 ms) that finds nothing
+/// in hand while its next lease is on its way is refused at once, not kept waiting for
+/// the store; its demand makes the next lease bigger, and once the lease lands the key
+/// is admitted again.
+#[test]
+fn a_hot_global_key_far_from_its_store_is_refused_at_once_rather_than_wait() {
+    let rt = runtime();
+    let global_store = Gate::new();
+    let region = Gate::new();
+    let one = ScaleOut::with_global(link(&region), link(&global_store), 10_000);
+    // Every reading of the timer is 10 ms after the last: each call seems to take 10 ms.
+    let clock = Arc::new(AtomicU64::new(0));
+    let ticks = Arc::clone(&clock);
+    assert!(one.time_with(Arc::new(move || ticks.fetch_add(10 * MS, Ordering::Relaxed))));
+    let limit = global_window(100_000, 1);
+    let check = [Check::new(&limit, "k", 1)];
+    let decide = |now: Nanos| {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), one.check(now, &check)).await
+        })
+        .expect("a decision waited for the global store")
+        .unwrap()[0]
+    };
+    // Warm, with the store answering: the key is leased in blocks.
+    let mut now = START;
+    for _ in 0..200 {
+        now += MS;
+        assert!(decide(now).allowed);
+        settle_briefly(&rt);
+    }
+    assert_eq!(one.stats().leased_dry, 0, "{:?}", one.stats());
+    // The store stops answering; a burst at one instant spends what is in hand, and the
+    // request that finds nothing is refused at once.
+    global_store.set_open(false);
+    let mut admitted = 0;
+    let refused = loop {
+        let d = decide(now);
+        if !d.allowed {
+            break d;
+        }
+        admitted += 1;
+        assert!(admitted < 10_000, "the units in hand never ran out");
+    };
+    assert!(admitted > 0);
+    assert_eq!(one.stats().leased_dry, 1);
+    assert!(refused.retry_after > 0);
+    assert!(global_store.held.load(Ordering::Relaxed) >= 1);
+    // Requests go on being refused at once, with one call in flight.
+    for _ in 0..20 {
+        assert!(!decide(now).allowed);
+    }
+    assert_eq!(global_store.held.load(Ordering::Relaxed), 1);
+    // The store answers: the lease lands and the key is admitted again.
+    global_store.set_open(true);
+    let again = (0..100).any(|_| {
+        settle_briefly(&rt);
+        decide(now + MS).allowed
+    });
+    assert!(
+        again,
+        "the key was not admitted again once its lease landed"
+    );
+}
+
+/// Lets a lease taken in the background land before the next request.
+fn settle_briefly(rt: &tokio::runtime::Runtime) {
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(1)).await });
+}
+
 /// A request with a global and a regional limit is all or nothing: when the regional
 /// one rejects it, the global units it spent go back in hand (the next request spends
 /// them); when the global one rejects it, the regional limit is not charged.

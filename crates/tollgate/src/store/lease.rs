@@ -134,7 +134,7 @@ fn decays(limit: &Limit) -> bool {
 
 /// The size of the next lease of a key: about `horizon` worth (the lease period, or
 /// what is left of a fixed window if less) at the rate the key was used on this instance
-/// (`demand` units in the `elapsed` since the last lease was taken), at least `cost`, at
+/// (`demand` units in the `elapsed` since the last lease was sized), at least `cost`, at
 /// most four times the `last` size asked and half of what the store said was `left`, and
 /// never more than the limit.
 pub fn next_size(
@@ -177,9 +177,14 @@ struct Entry {
     next_seq: u64,
     /// The size of the last lease asked for (0: none yet).
     size: u64,
-    /// When the last lease was taken.
-    taken_at: Nanos,
-    /// Units spent here since the last lease was taken.
+    /// When the key's rate was last measured (its last lease sized): `spent` and
+    /// `demand` count from then. Measured from one sizing to the next, not from a lease's
+    /// answer, the rate is the key's own whatever the store's round trip: counted from
+    /// the call's sending, spending that waits for the answer would make a far store's
+    /// leases shrink until they no longer cover the round trip.
+    since: Nanos,
+    /// Units spent here since then, and units refused for want of them in hand while the
+    /// store may have had room ([`Local::Dry`]).
     spent: u64,
     /// Units asked for (spent, or refused while the key was refused here) since then.
     demand: u64,
@@ -209,6 +214,19 @@ struct Entry {
 impl Entry {
     /// The size of this key's next lease at `now`, for a request that needs `need`
     /// units more than are in hand.
+    /// Starts this key's next lease call at `now`, for a request that needs `need`
+    /// units more than are in hand: the call counted as in flight, the key's rate
+    /// measured anew from now. Returns the lease's size.
+    fn start_lease(&mut self, need: u64, now: Nanos, period: Nanos) -> u64 {
+        let (size, want) = self.next_lease(need, now, period);
+        self.want = want;
+        self.since = now;
+        self.spent = 0;
+        self.demand = 0;
+        self.leasing = Some(Arc::new(tokio::sync::Notify::new()));
+        size
+    }
+
     fn next_lease(&self, need: u64, now: Nanos, period: Nanos) -> (u64, u64) {
         let limit = &self.limit;
         // A fixed window that has turned since the last lease: what the store said was
@@ -241,12 +259,14 @@ impl Entry {
         } else {
             self.spent
         };
-        let elapsed = now.saturating_sub(self.taken_at);
+        let elapsed = now.saturating_sub(self.since);
         // The growth cap follows the size the rate asked for, not one that what was left
         // shrank (a window's last leases are small; the next window's need not be).
         let last = self.size.max(self.want);
         let left = if turned { None } else { self.left };
-        let want = next_size(need, last, used, elapsed, horizon, None, limit.limit());
+        // What the rate asks for over a whole period: the growth cap of the next lease,
+        // which a window's nearing end (a short horizon) does not shrink.
+        let want = next_size(need, last, used, elapsed, period, None, limit.limit());
         let size = next_size(need, last, used, elapsed, horizon, left, limit.limit());
         (size, want)
     }
@@ -283,6 +303,11 @@ pub enum Local {
     /// No unit in hand: take a lease of this size (the caller must then call
     /// [`Leases::taken`] or [`Leases::failed`]).
     Lease(u64),
+    /// A hot key far from its store has nothing in hand: the request is refused at once
+    /// (this decision) rather than wait a round trip. With `Some(size)`, no lease call
+    /// was in flight: one of that size is now counted as in flight, for the caller to
+    /// take in the background (then [`Leases::taken`] or [`Leases::failed`]).
+    Dry(Decision, Option<u64>),
     /// The table is full: decide this check in the shared store.
     Exact,
 }
@@ -303,6 +328,9 @@ pub struct LeaseCounters {
     pub returned: AtomicU64,
     /// Checks decided from units in hand.
     pub local: AtomicU64,
+    /// Checks of a hot key far from its store refused at once with nothing in hand
+    /// ([`Local::Dry`]).
+    pub dry: AtomicU64,
 }
 
 /// Every key's leases on this instance, in shards.
@@ -332,7 +360,17 @@ impl Leases {
     }
 
     /// What `cost` of `key` under `limit` (leased every `period`) may do at `now`.
-    pub fn spend(&self, limit: &Limit, key: &[u8], cost: u64, now: Nanos, period: Nanos) -> Local {
+    /// `far`: the store is a round trip of that long away and too far to wait for, so a
+    /// hot key (see [`Local::Dry`]) with nothing in hand is refused at once.
+    pub fn spend(
+        &self,
+        limit: &Limit,
+        key: &[u8],
+        cost: u64,
+        now: Nanos,
+        period: Nanos,
+        far: Option<Nanos>,
+    ) -> Local {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
         if !shard.contains_key(&fp) && shard.len() >= self.per_shard {
@@ -344,7 +382,7 @@ impl Leases {
             leases: VecDeque::new(),
             next_seq: 0,
             size: 0,
-            taken_at: now,
+            since: now,
             spent: 0,
             demand: 0,
             left: None,
@@ -409,6 +447,23 @@ impl Leases {
             // What was left when the key was refused says nothing of what is left now.
             e.left = None;
         }
+        // A hot key (leased more than one unit at a time) far from its store: waiting a
+        // round trip for units would cost its request more than the decision itself.
+        // Its lease is renewed ahead of need, so finding nothing in hand means its
+        // demand outran the lease, or the store is short of room: refused here, its
+        // demand counted so that the next lease covers it.
+        if let Some(rtt) = far.filter(|_| e.size.max(e.want) >= 2 && cost <= limit.limit()) {
+            e.demand = e.demand.saturating_add(cost);
+            e.spent = e.spent.saturating_add(cost);
+            self.counters.dry.fetch_add(1, Ordering::Relaxed);
+            let reset = e.reset_at.saturating_sub(now);
+            let d = Decision::reject(limit.limit(), usable, reset, rtt.max(1));
+            if e.leasing.is_some() || e.leases.len() >= MAX_LEASES_PER_KEY {
+                return Local::Dry(d, None);
+            }
+            let size = e.start_lease(cost.saturating_sub(usable), now, period);
+            return Local::Dry(d, Some(size));
+        }
         if let Some(n) = &e.leasing {
             // Counted among the waiters until it looks again ([`Leases::unqueue`]), so
             // that the next lease covers it.
@@ -424,10 +479,7 @@ impl Leases {
         let need = cost
             .saturating_sub(usable)
             .saturating_add(e.queued.min(limit.limit()));
-        let (size, want) = e.next_lease(need, now, period);
-        e.want = want;
-        e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
-        Local::Lease(size)
+        Local::Lease(e.start_lease(need, now, period))
     }
 
     /// Whether to take `key`'s next lease now, ahead of need (a global limit, whose
@@ -445,7 +497,7 @@ impl Leases {
             || e.leasing.is_some()
             || e.size < 2
             // A lease taken by this very request says nothing of the key's rate yet.
-            || now <= e.taken_at
+            || now <= e.since
             || now < e.blocked_until
             || e.leases.len() >= MAX_LEASES_PER_KEY
         {
@@ -455,10 +507,7 @@ impl Leases {
         if usable.saturating_mul(2) >= e.size {
             return None;
         }
-        let (size, want) = e.next_lease(1, now, period);
-        e.want = want;
-        e.leasing = Some(Arc::new(tokio::sync::Notify::new()));
-        Some(size)
+        Some(e.start_lease(1, now, period))
     }
 
     /// A request that waited for `key`'s lease call (its `cost` counted by
@@ -562,9 +611,6 @@ impl Leases {
         lease.token = token;
         e.leases.push_back(lease);
         e.size = asked;
-        e.taken_at = sent;
-        e.spent = 0;
-        e.demand = 0;
         e.left = Some(d.remaining);
         e.blocked_until = 0;
         e.blocked = None;

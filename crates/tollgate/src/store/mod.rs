@@ -33,7 +33,9 @@ pub use redis::{
     RedisTls, ScriptCall, ScriptNameError, ScriptSet, TimeSource, SCRIPT_ALGORITHMS,
 };
 #[cfg(feature = "redis")]
-pub use scale_out::{ScaleOut, ScaleOutStats, DEFAULT_MAX_KEYS};
+pub use scale_out::{
+    GlobalCallObserver, ScaleOut, ScaleOutStats, Spawner, Timer, DEFAULT_MAX_KEYS,
+};
 
 use crate::algorithm::Limit;
 use crate::clock::Nanos;

@@ -93,13 +93,23 @@ struct Inner<S> {
     /// Runs the renewals of global leases ahead of need, when set
     /// ([`ScaleOut::spawn_with`]); else they run on the current tokio runtime.
     spawner: std::sync::OnceLock<Spawner>,
+    /// The clock the global store's round trips are timed on, when set
+    /// ([`ScaleOut::time_with`]); else the monotonic clock.
+    timer: std::sync::OnceLock<Timer>,
 }
+
+/// A monotonic clock in nanoseconds (see [`ScaleOut::time_with`]).
+pub type Timer = Arc<dyn Fn() -> Nanos + Send + Sync>;
 
 /// A callback told how long each call to the global store took (one that answered).
 pub type GlobalCallObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
 /// Runs a future to its end in the background (see [`ScaleOut::spawn_with`]).
 pub type Spawner = Arc<dyn Fn(Pin<Box<dyn Future<Output = ()> + Send>>) + Send + Sync>;
+
+/// A global store whose round trip (a decayed average) is at least this long is far: a
+/// hot key's request is refused rather than wait for it (see [`lease::Local::Dry`]).
+const FAR: Nanos = 1_000_000;
 
 /// A global limit leased while its consistency says otherwise: the default period.
 const DEFAULT_GLOBAL_PERIOD: Nanos = 100_000_000;
@@ -119,6 +129,9 @@ pub struct ScaleOutStats {
     pub leases_refused: u64,
     /// Leased checks decided from units in hand.
     pub leased_local: u64,
+    /// Leased checks of a hot global key refused at once, with nothing in hand, rather
+    /// than wait for the distant global store.
+    pub leased_dry: u64,
     /// Sync calls made.
     pub sync_calls: u64,
     /// Sync calls that failed.
@@ -247,6 +260,32 @@ impl<S: Store + 'static> ScaleOut<S> {
         self.inner.spawner.set(f).is_ok()
     }
 
+    /// Has the global store's round trips timed on `f` (a monotonic clock in
+    /// nanoseconds, a simulation's) instead of the monotonic clock: how far the store is
+    /// decides whether a hot key's request may wait for it. Only the first timer set is
+    /// kept; returns whether this one was.
+    pub fn time_with(&self, f: Timer) -> bool {
+        self.inner.timer.set(f).is_ok()
+    }
+
+    /// Nanoseconds since `start` (an instant of the same clock: [`Self::time_with`]'s,
+    /// else the monotonic clock since it was first read here).
+    fn elapsed(&self, start: Nanos) -> Nanos {
+        self.tick().saturating_sub(start)
+    }
+
+    /// The clock round trips are timed on.
+    fn tick(&self) -> Nanos {
+        match self.inner.timer.get() {
+            Some(f) => f(),
+            None => {
+                static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+                let base = BASE.get_or_init(std::time::Instant::now);
+                u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+            }
+        }
+    }
+
     fn build(store: S, global: Option<S>, max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -262,6 +301,7 @@ impl<S: Store + 'static> ScaleOut<S> {
                 global_rtt: AtomicU64::new(0),
                 on_global_call: std::sync::OnceLock::new(),
                 spawner: std::sync::OnceLock::new(),
+                timer: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -302,7 +342,7 @@ impl<S: Store + 'static> ScaleOut<S> {
         }
         let inner = &self.inner;
         inner.global_calls.fetch_add(1, Ordering::Relaxed);
-        let started = std::time::Instant::now();
+        let started = self.tick();
         let result = call.await;
         match &result {
             Ok(_) => {
@@ -319,8 +359,8 @@ impl<S: Store + 'static> ScaleOut<S> {
                         .global_down_total
                         .fetch_add(now - since, Ordering::Relaxed);
                 }
-                let took = started.elapsed();
-                let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+                let ns = self.elapsed(started);
+                let took = Duration::from_nanos(ns);
                 let old = inner.global_rtt.load(Ordering::Relaxed);
                 let avg = if old == 0 { ns } else { old - old / 8 + ns / 8 };
                 inner.global_rtt.store(avg, Ordering::Relaxed);
@@ -378,6 +418,7 @@ impl<S: Store + 'static> ScaleOut<S> {
             units_returned: get(&l.returned),
             leases_refused: get(&l.refused),
             leased_local: get(&l.local),
+            leased_dry: get(&l.dry),
             sync_calls: get(&s.calls),
             sync_failures: get(&s.failures),
             units_synced: get(&s.units),
@@ -619,9 +660,16 @@ impl<S: Store + 'static> ScaleOut<S> {
             period
         };
         let global = self.is_global(c.limit);
+        // A global store farther than a decision can wait for: a hot key's request is
+        // not kept waiting for its units (while the store answers; while it fails, the
+        // requests that need a lease ask for it themselves, and get the failure mode).
+        let rtt = self.inner.global_rtt.load(Ordering::Relaxed);
+        let far =
+            (global && rtt >= FAR && self.inner.global_down_since.load(Ordering::Relaxed) == 0)
+                .then_some(rtt);
         let mut waited = false;
         for turn in 0..5 {
-            let local = leases.spend(c.limit, c.key, c.cost, now, period);
+            let local = leases.spend(c.limit, c.key, c.cost, now, period, far);
             // A global key's request that waited for a lease call which got less than
             // it asked for, and finds nothing in hand: the store is out of room for this
             // instance; refused here, not queued behind another distant call.
@@ -641,6 +689,12 @@ impl<S: Store + 'static> ScaleOut<S> {
                     return Ok(Some((d, Some(spent))));
                 }
                 lease::Local::Blocked(d) => return Ok(Some((d, None))),
+                lease::Local::Dry(d, lease) => {
+                    if let Some(size) = lease {
+                        self.lease_behind(c, size, now, period);
+                    }
+                    return Ok(Some((d, None)));
+                }
                 lease::Local::Exact => return Ok(None),
                 // A fifth turn only spends what the fourth put in hand. (With four, a
                 // lease this request took on its last turn was left in hand while the
@@ -747,6 +801,12 @@ impl<S: Store + 'static> ScaleOut<S> {
         let Some(size) = leases.renew_ahead(c.limit, c.key, now, period) else {
             return;
         };
+        self.lease_behind(c, size, now, period);
+    }
+
+    /// Takes a lease of `size` units of `c`'s key in the background, its call already
+    /// counted as in flight.
+    fn lease_behind(&self, c: &Check<'_>, size: u64, now: Nanos, period: Nanos) {
         // Made before the task: a task dropped before it ran still marks the call over.
         let call = Renewal {
             this: self.clone(),
