@@ -217,8 +217,9 @@ impl Entry {
     /// Starts this key's next lease call at `now`, for a request that needs `need`
     /// units more than are in hand: the call counted as in flight, the key's rate
     /// measured anew from now. Returns the lease's size.
-    fn start_lease(&mut self, need: u64, now: Nanos, period: Nanos) -> u64 {
-        let (size, want) = self.next_lease(need, now, period);
+    /// `transit`: the store's round trip when it is far (else 0).
+    fn start_lease(&mut self, need: u64, now: Nanos, period: Nanos, transit: Nanos) -> u64 {
+        let (size, want) = self.next_lease(need, now, period, transit);
         self.want = want;
         self.since = now;
         self.spent = 0;
@@ -227,7 +228,7 @@ impl Entry {
         size
     }
 
-    fn next_lease(&self, need: u64, now: Nanos, period: Nanos) -> (u64, u64) {
+    fn next_lease(&self, need: u64, now: Nanos, period: Nanos, transit: Nanos) -> (u64, u64) {
         let limit = &self.limit;
         // A fixed window that has turned since the last lease: what the store said was
         // left was the old window's, and the key's demand (spent, or refused while the
@@ -267,8 +268,22 @@ impl Entry {
         // What the rate asks for over a whole period: the growth cap of the next lease,
         // which a window's nearing end (a short horizon) does not shrink.
         let want = next_size(need, last, used, elapsed, period, None, limit.limit());
-        let size = next_size(need, last, used, elapsed, horizon, left, limit.limit());
-        (size, want)
+        let mut size = next_size(need, last, used, elapsed, horizon, None, limit.limit());
+        if decays(limit) && last > 0 {
+            // A bucket's lease is worth what its charge still holds: from the call's
+            // sending (as this instance reckons it) the bucket refills, and the lease
+            // shrinks with it, by a round trip's refill before it lands, and by another
+            // before the next lease (asked for about when it lands) lands in turn. A far
+            // store's leases carry those two on top, or a key used below the refill rate
+            // would find its leases spent by refilling before its requests spend them.
+            let refill = 2 * u128::from(transit) * u128::from(limit.limit())
+                / u128::from(limit.window().max(1));
+            size = size.saturating_add(u64::try_from(refill).unwrap_or(u64::MAX));
+        }
+        if let Some(left) = left {
+            size = size.min(left / 2);
+        }
+        (size.min(limit.limit()).max(need), want)
     }
 }
 
@@ -456,12 +471,29 @@ impl Leases {
             e.demand = e.demand.saturating_add(cost);
             e.spent = e.spent.saturating_add(cost);
             self.counters.dry.fetch_add(1, Ordering::Relaxed);
-            let reset = e.reset_at.saturating_sub(now);
+            let window = match limit.algorithm() {
+                Algorithm::FixedWindow(w) => Some(w.window.max(1)),
+                _ => None,
+            };
+            // A fixed window that ended (as this instance reckons it) moments ago: the
+            // store's may not have ended yet when a call sent now reaches it (the end was
+            // reckoned from when the last call was sent, the store's clock read about
+            // half a round trip later). A call that arrived before it would lease the old
+            // window's last moments and need another round trip: it is sent an eighth of
+            // a round trip later.
+            let turning = window.is_some() && e.size > 0 && now >= e.reset_at;
+            let reset = match window {
+                Some(w) if turning => w - (now - e.reset_at) % w,
+                _ => e.reset_at.saturating_sub(now),
+            };
             let d = Decision::reject(limit.limit(), usable, reset, rtt.max(1));
-            if e.leasing.is_some() || e.leases.len() >= MAX_LEASES_PER_KEY {
+            if e.leasing.is_some()
+                || e.leases.len() >= MAX_LEASES_PER_KEY
+                || (turning && now < e.reset_at.saturating_add(rtt / 8))
+            {
                 return Local::Dry(d, None);
             }
-            let size = e.start_lease(cost.saturating_sub(usable), now, period);
+            let size = e.start_lease(cost.saturating_sub(usable), now, period, rtt);
             return Local::Dry(d, Some(size));
         }
         if let Some(n) = &e.leasing {
@@ -479,7 +511,7 @@ impl Leases {
         let need = cost
             .saturating_sub(usable)
             .saturating_add(e.queued.min(limit.limit()));
-        Local::Lease(e.start_lease(need, now, period))
+        Local::Lease(e.start_lease(need, now, period, far.unwrap_or(0)))
     }
 
     /// Whether to take `key`'s next lease now, ahead of need (a global limit, whose
@@ -488,7 +520,15 @@ impl Leases {
     /// counted as in flight (the caller must call [`Leases::taken`] or
     /// [`Leases::failed`]). A key leased one unit at a time (a cold key) is not renewed
     /// ahead: its next request may never come.
-    pub fn renew_ahead(&self, limit: &Limit, key: &[u8], now: Nanos, period: Nanos) -> Option<u64> {
+    /// `transit`: the store's round trip when it is far (else 0).
+    pub fn renew_ahead(
+        &self,
+        limit: &Limit,
+        key: &[u8],
+        now: Nanos,
+        period: Nanos,
+        transit: Nanos,
+    ) -> Option<u64> {
         let fp = fingerprint(limit, key);
         let mut shard = self.shard(fp).lock();
         let e = shard.get_mut(&fp)?;
@@ -507,7 +547,7 @@ impl Leases {
         if usable.saturating_mul(2) >= e.size {
             return None;
         }
-        Some(e.start_lease(1, now, period))
+        Some(e.start_lease(1, now, period, transit))
     }
 
     /// A request that waited for `key`'s lease call (its `cost` counted by
@@ -810,6 +850,97 @@ mod tests {
         assert_eq!(l.settle(4 * MS), 5);
         l.units -= 3;
         assert_eq!(l.usable(4 * MS), 2);
+    }
+
+    /// Spends `cost` at `now` from what is in hand, expecting a local decision.
+    fn spend_in_hand(leases: &Leases, limit: &Limit, now: Nanos) {
+        let local = leases.spend(limit, b"k", 1, now, 100 * MS, None);
+        assert!(matches!(local, Local::Decided(d, _) if d.allowed));
+    }
+
+    #[test]
+    fn a_far_buckets_lease_carries_two_round_trips_of_refill() {
+        // 1000 per second: one unit per ms. Round trips of 80 ms.
+        let limit = Limit::new(Algorithm::TokenBucket(TokenBucket::new(
+            1_000,
+            Duration::from_secs(1),
+        )))
+        .unwrap();
+        let rtt = 80 * MS;
+        let ask = |far: Option<Nanos>| {
+            let leases = Leases::new(100);
+            assert!(matches!(
+                leases.spend(&limit, b"k", 1, 0, 100 * MS, far),
+                Local::Lease(1)
+            ));
+            let d = Decision::allow(1_000, 999, MS);
+            leases.taken(&limit, b"k", 1, 1, &d, 0, 100 * MS, None);
+            spend_in_hand(&leases, &limit, 0);
+            match leases.spend(&limit, b"k", 1, 10 * MS, 100 * MS, far) {
+                Local::Lease(size) => size,
+                _ => panic!("no lease asked for"),
+            }
+        };
+        // Near: four times the last lease at most. Far: besides, the 160 units the
+        // bucket refills in two round trips (at most half of the 999 left).
+        assert_eq!(ask(None), 4);
+        assert_eq!(ask(Some(rtt)), 164);
+    }
+
+    #[test]
+    fn a_far_windows_first_lease_after_it_turns_waits_an_eighth_of_a_round_trip() {
+        let limit = Limit::new(Algorithm::FixedWindow(FixedWindow::new(
+            1_000,
+            Duration::from_secs(1),
+        )))
+        .unwrap();
+        let (period, rtt) = (100 * MS, 80 * MS);
+        let leases = Leases::new(100);
+        // A first lease of one unit, then one of four: the key is hot. The window ends
+        // 500 ms after the first call was sent, as this instance reckons it.
+        assert!(matches!(
+            leases.spend(&limit, b"k", 1, 0, period, None),
+            Local::Lease(1)
+        ));
+        leases.taken(
+            &limit,
+            b"k",
+            1,
+            1,
+            &Decision::allow(1_000, 999, 500 * MS),
+            0,
+            period,
+            None,
+        );
+        spend_in_hand(&leases, &limit, 0);
+        assert!(matches!(
+            leases.spend(&limit, b"k", 1, MS, period, None),
+            Local::Lease(4)
+        ));
+        let d = Decision::allow(1_000, 995, 499 * MS);
+        leases.taken(&limit, b"k", 4, 4, &d, MS, period, None);
+        for _ in 0..4 {
+            spend_in_hand(&leases, &limit, 2 * MS);
+        }
+        // Nothing in hand: refused at once, and the next lease asked for in the
+        // background.
+        match leases.spend(&limit, b"k", 1, 3 * MS, period, Some(rtt)) {
+            Local::Dry(d, Some(_)) => assert!(!d.allowed && d.reset_after == 497 * MS),
+            _ => panic!("a hot far key waited"),
+        }
+        leases.failed(&limit, b"k");
+        // The window has ended here: refused, the next window's lease not asked for
+        // until an eighth of a round trip (10 ms) later, when a call sent reaches a
+        // store whose window has ended too.
+        match leases.spend(&limit, b"k", 1, 501 * MS, period, Some(rtt)) {
+            Local::Dry(d, None) => assert_eq!(d.reset_after, 999 * MS),
+            _ => panic!("the next window's lease was asked for at once"),
+        }
+        assert!(matches!(
+            leases.spend(&limit, b"k", 1, 510 * MS, period, Some(rtt)),
+            Local::Dry(_, Some(_))
+        ));
+        assert_eq!(leases.counters.dry.load(Ordering::Relaxed), 3);
     }
 
     #[test]

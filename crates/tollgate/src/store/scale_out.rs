@@ -684,7 +684,7 @@ impl<S: Store + 'static> ScaleOut<S> {
             let size = match local {
                 lease::Local::Decided(d, spent) => {
                     if self.is_global(c.limit) {
-                        self.renew_ahead(c, now, period);
+                        self.renew_ahead(c, now, period, far.unwrap_or(0));
                     }
                     return Ok(Some((d, Some(spent))));
                 }
@@ -792,13 +792,13 @@ impl<S: Store + 'static> ScaleOut<S> {
 
     /// Once half of a global key's last lease is spent, takes the next one in the
     /// background, so that its decisions do not wait on the global store.
-    fn renew_ahead(&self, c: &Check<'_>, now: Nanos, period: Nanos) {
+    fn renew_ahead(&self, c: &Check<'_>, now: Nanos, period: Nanos, transit: Nanos) {
         // While the global store fails, requests that need a lease ask for it themselves.
         if self.inner.global_down_since.load(Ordering::Relaxed) > 0 {
             return;
         }
         let leases = &self.inner.leases;
-        let Some(size) = leases.renew_ahead(c.limit, c.key, now, period) else {
+        let Some(size) = leases.renew_ahead(c.limit, c.key, now, period, transit) else {
             return;
         };
         self.lease_behind(c, size, now, period);
