@@ -282,7 +282,7 @@ fn a_hot_global_key_far_from_its_store_is_refused_at_once_rather_than_wait() {
         assert!(decide(now).allowed);
         settle_briefly(&rt);
     }
-    assert_eq!(one.stats().leased_dry, 0, "{:?}", one.stats());
+    let dry = one.stats().leased_dry;
     // The store stops answering; a burst at one instant spends what is in hand, and the
     // request that finds nothing is refused at once.
     global_store.set_open(false);
@@ -296,9 +296,14 @@ fn a_hot_global_key_far_from_its_store_is_refused_at_once_rather_than_wait() {
         assert!(admitted < 10_000, "the units in hand never ran out");
     };
     assert!(admitted > 0);
-    assert_eq!(one.stats().leased_dry, 1);
+    assert_eq!(one.stats().leased_dry, dry + 1);
     assert!(refused.retry_after > 0);
-    assert!(global_store.held.load(Ordering::Relaxed) >= 1);
+    // Its lease call, in the background, reaches the store (which holds it).
+    let reached = (0..1_000).any(|_| {
+        settle_briefly(&rt);
+        global_store.held.load(Ordering::Relaxed) >= 1
+    });
+    assert!(reached, "no lease call reached the global store");
     // Requests go on being refused at once, with one call in flight.
     for _ in 0..20 {
         assert!(!decide(now).allowed);

@@ -265,9 +265,14 @@ impl Entry {
         // shrank (a window's last leases are small; the next window's need not be).
         let last = self.size.max(self.want);
         let left = if turned { None } else { self.left };
-        // What the rate asks for over a whole period: the growth cap of the next lease,
-        // which a window's nearing end (a short horizon) does not shrink.
-        let want = next_size(need, last, used, elapsed, period, None, limit.limit());
+        // What the rate asks for: the growth cap of the next lease. From a far store,
+        // over a whole period, which a window's nearing end (a short horizon) does not
+        // shrink: the new window's first lease, asked for while requests are refused,
+        // then need not grow back from the old window's last small ones. (From a near
+        // store, over the horizon: a lease grows at most fourfold per call from what the
+        // last one was sized for, whatever its rate seemed over a short while.)
+        let reach = if transit > 0 { period } else { horizon };
+        let want = next_size(need, last, used, elapsed, reach, None, limit.limit());
         let mut size = next_size(need, last, used, elapsed, horizon, None, limit.limit());
         if decays(limit) && last > 0 {
             // A bucket's lease is worth what its charge still holds: from the call's
