@@ -363,6 +363,10 @@ async fn run(args: ServeArgs) -> ExitCode {
         warmer.start(std::future::ready(0)).await;
     }
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let switch = tokio::spawn(crate::enforcement::follow(
+        Arc::clone(&service),
+        stop_rx.clone(),
+    ));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
@@ -400,6 +404,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
+    switch.abort();
     if let Some(follower) = follower {
         follower.abort();
     }

@@ -19,6 +19,7 @@
 //! | `tollgate_store_errors_total` | kind (`timeout`, `error`, `circuit_open`) | requests the store failed to decide |
 //! | `tollgate_store_fallbacks_total` | domain, descriptor, mode | hits decided by a rule's `failure_mode` because the store failed |
 //! | `tollgate_redis_calls_total`, `tollgate_redis_circuit_opened_total`, `tollgate_redis_circuit_open` | | Redis script calls, times the circuit breaker opened, 1 while it is open |
+//! | `tollgate_enforcement_shadow` | domain | the emergency switch (`POST /v1/enforcement`): 1 for a domain answered OK whatever its limits say, 0 for one switched back; `"*"` is every domain without a mode of its own |
 //! | `tollgate_leases_total`, `tollgate_leases_refused_total` | domain, descriptor | leases taken from Redis (`consistency: leased`), and lease calls refused for want of room |
 //! | `tollgate_leased_units_total`, `tollgate_leased_units_expired_total`, `tollgate_leased_units_returned_total` | domain, descriptor | units leased, units that expired unspent (the cause of under-admission), and unspent units given back to Redis (a key gone idle, the instance stopping) |
 //! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
@@ -125,6 +126,7 @@ pub struct Metrics {
     redis_calls: Counter,
     circuit_opened: Counter,
     circuit_open: Gauge,
+    enforcement_shadow: Family<DomainLabels, Gauge>,
     scale_out: ScaleOutMetrics,
     connections: Family<ListenerLabels, Gauge>,
     connections_capped: Family<ListenerLabels, Counter>,
@@ -233,6 +235,7 @@ impl Metrics {
         let redis_calls = Counter::default();
         let circuit_opened = Counter::default();
         let circuit_open = Gauge::default();
+        let enforcement_shadow = Family::<DomainLabels, Gauge>::default();
         let scale_out = ScaleOutMetrics::register(&mut registry);
         let connections = Family::<ListenerLabels, Gauge>::default();
         let connections_capped = Family::<ListenerLabels, Counter>::default();
@@ -277,6 +280,11 @@ impl Metrics {
             "redis_circuit_open",
             "1 while the Redis circuit breaker is open",
             circuit_open.clone(),
+        );
+        registry.register(
+            "enforcement_shadow",
+            "The emergency switch: 1 for a domain answered OK whatever its limits say (POST /v1/enforcement), 0 for one switched back to enforce; domain \"*\" is every domain without a mode of its own",
+            enforcement_shadow.clone(),
         );
         registry.register(
             "total_hits",
@@ -368,6 +376,7 @@ impl Metrics {
             redis_calls,
             circuit_opened,
             circuit_open,
+            enforcement_shadow,
             scale_out,
             connections,
             connections_capped,
@@ -502,6 +511,26 @@ impl Metrics {
             }));
         }
         metrics
+    }
+
+    /// Shows the emergency switch's `state`: a series per domain it names, and `"*"`.
+    pub fn enforcement(&self, state: &tollgate::limiter::EnforcementState) {
+        use tollgate::limiter::Mode;
+        let family = &self.enforcement_shadow;
+        family.clear();
+        let shadow = |m: Mode| i64::from(m == Mode::Shadow);
+        family
+            .get_or_create(&DomainLabels {
+                domain: "*".to_string(),
+            })
+            .set(shadow(state.all));
+        for (domain, mode) in &state.domains {
+            family
+                .get_or_create(&DomainLabels {
+                    domain: domain.clone(),
+                })
+                .set(shadow(*mode));
+        }
     }
 
     /// The exposition text, with the rule-load and store figures brought up to date.

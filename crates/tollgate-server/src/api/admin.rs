@@ -37,8 +37,9 @@ pub(super) async fn readyz(State(service): State<Arc<Service>>) -> Response {
     healthcheck(State(service)).await
 }
 
-/// The active rule set: whether one is loaded, its files, load time, domains, and the
-/// last load error (with no rules loaded: why the files do not load).
+/// The active rule set: whether one is loaded, its files, load time, domains, the last
+/// load error (with no rules loaded: why the files do not load), and the emergency
+/// switch.
 pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_json::Value> {
     let rules = service.limiter.rules();
     let set = rules.current();
@@ -56,6 +57,7 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Json<serde_jso
         "load_successes": rules.load_successes(),
         "load_failures": rules.load_failures(),
         "last_error": rules.last_error().map(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>()),
+        "enforcement": crate::enforcement::to_json(&service.limiter.enforcement().state()),
     }))
 }
 

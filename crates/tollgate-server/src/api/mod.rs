@@ -1,5 +1,6 @@
 //! The HTTP listener: Envoy's `/json`, Tollgate's `/v1/check`, and the admin endpoints
-//! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/metrics`), which
+//! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/v1/enforcement`,
+//! `/metrics`), which
 //! `tollgate serve --admin-listen` and `tollgate proxy --admin-listen` serve alone. With
 //! an admin token (auth.rs), all but the health checks require it (`/metrics` only with
 //! `--metrics-require-token`).
@@ -48,7 +49,11 @@ pub fn admin_router(service: Arc<Service>, access: &AdminAccess) -> Router {
     let control = access.guard(
         Router::new()
             .route("/rules", get(admin::rules))
-            .route("/reload", post(admin::reload)),
+            .route("/reload", post(admin::reload))
+            .route(
+                "/v1/enforcement",
+                get(crate::enforcement::show).post(crate::enforcement::switch),
+            ),
     );
     let metrics = Router::new().route("/metrics", get(admin::metrics));
     let metrics = if access.metrics_guarded() {

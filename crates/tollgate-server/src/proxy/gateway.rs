@@ -208,6 +208,10 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let sweeper = tokio::spawn(sweep(Arc::clone(&service), stop_rx.clone()));
+    let switch = tokio::spawn(crate::enforcement::follow(
+        Arc::clone(&service),
+        stop_rx.clone(),
+    ));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     match admin_addr {
@@ -242,6 +246,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     service.drain();
     let _ = stop_tx.send(true);
     sweeper.abort();
+    switch.abort();
     let mut tasks = vec![acceptor];
     tasks.extend(admin.into_iter().flatten());
     let code = workers::drain(args.common.drain_timeout, tasks, done).await;

@@ -27,11 +27,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod enforcement;
 mod failure;
 mod plan;
 mod request;
 mod response;
 
+pub use enforcement::{Change, Enforcement, EnforcementState, Mode, MAX_SWITCHED_DOMAINS};
 pub use plan::quota_groups;
 pub use request::{Descriptor, LimitOverride, RateLimitRequest, RequestLimits};
 pub use response::{Code, DescriptorStatus, MetricKey, RateLimitResponse, ReportedLimit};
@@ -79,6 +81,7 @@ pub struct Limiter<S = MemoryStore> {
     settings: Settings,
     fallback: MemoryStore,
     failures: FailureLog,
+    enforcement: Arc<Enforcement>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -91,7 +94,21 @@ impl<S: Store> Limiter<S> {
             settings: Settings::default(),
             fallback: MemoryStore::new(),
             failures: FailureLog::default(),
+            enforcement: Arc::default(),
         }
+    }
+
+    /// Reads the emergency switch `enforcement` (shared with whatever moves it; each
+    /// limiter has a switch of its own otherwise): a domain switched to
+    /// [`Mode::Shadow`] is answered OK, every decision still made and reported.
+    pub fn with_enforcement(mut self, enforcement: Arc<Enforcement>) -> Self {
+        self.enforcement = enforcement;
+        self
+    }
+
+    /// The emergency switch this limiter reads.
+    pub fn enforcement(&self) -> &Arc<Enforcement> {
+        &self.enforcement
     }
 
     /// The in-memory store that decides `local_fallback` limits while the store fails
@@ -162,7 +179,8 @@ impl<S: Store> Limiter<S> {
     ) -> Result<RateLimitResponse, Error> {
         request.validate(&self.settings.limits)?;
         let domain = set.domain(&request.domain).map(Arc::as_ref);
-        let plan = plan(domain, request, self.settings);
+        let switched = self.enforcement.is_shadow(&request.domain);
+        let plan = plan(domain, request, self.settings, switched);
         let override_keys = override_keys(&plan, request);
         let checks = plan.checks(&override_keys);
         if checks.is_empty() {
@@ -280,6 +298,48 @@ mod tests {
             refusal(both.validate(&limits)),
             "descriptor 1: a descriptor may carry at most 32 entries (--max-entries)"
         );
+    }
+
+    /// A domain in shadow by the emergency switch is decided and charged as before, and
+    /// answered OK with its statuses flagged; other domains are still enforced; a
+    /// request's own limit (no rule) is shadowed too.
+    #[test]
+    fn a_domain_switched_to_shadow_is_decided_and_answered_ok() {
+        let rules = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+        let switch = Arc::new(Enforcement::default());
+        let l = limiter(rules, RequestLimits::default()).with_enforcement(Arc::clone(&switch));
+        let one = RateLimitRequest::new("d", [vec![("user", "a")]]);
+        assert_eq!(l.check_now(&one).unwrap().overall, Code::Ok);
+        assert_eq!(l.check_now(&one).unwrap().overall, Code::OverLimit);
+        switch.set("d", Mode::Shadow, "test", 1).unwrap();
+        let shadowed = l.check_now(&one).unwrap();
+        assert_eq!(shadowed.overall, Code::Ok);
+        let s = &shadowed.statuses[0];
+        assert!(s.shadow && s.would_reject && s.code == Code::Ok);
+        assert_eq!(s.remaining, 0);
+        // Another user of `d` still spends its limit, and is flagged when over.
+        let fresh = RateLimitRequest::new("d", [vec![("user", "b")]]);
+        assert!(!l.check_now(&fresh).unwrap().statuses[0].would_reject);
+        assert!(l.check_now(&fresh).unwrap().statuses[0].would_reject);
+        // A request's own limit, where no rule matches, is shadowed too.
+        let mut own = RateLimitRequest::new("d", [vec![("path", "/x")]]);
+        own.descriptors[0].limit = Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: crate::rules::Unit::Minute,
+        });
+        assert_eq!(l.check_now(&own).unwrap().overall, Code::Ok);
+        // Another domain is still enforced.
+        let e = limiter(
+            &rules.replace("domain: d", "domain: e"),
+            RequestLimits::default(),
+        )
+        .with_enforcement(Arc::clone(&switch));
+        let in_e = RateLimitRequest::new("e", [vec![("user", "a")]]);
+        e.check_now(&in_e).unwrap();
+        assert_eq!(e.check_now(&in_e).unwrap().overall, Code::OverLimit);
+        switch.set("*", Mode::Enforce, "test", 3).unwrap();
+        assert_eq!(l.check_now(&one).unwrap().overall, Code::OverLimit);
+        assert_eq!(l.check_now(&own).unwrap().overall, Code::OverLimit);
     }
 
     /// The limiter refuses by its own settings, whatever the front end.

@@ -126,11 +126,13 @@ pub fn quota_groups(descriptors: &[Descriptor]) -> Vec<u32> {
 }
 
 /// Works out which limits to run: matching (once per descriptor), `unlimited`,
-/// overrides and `replaces`.
+/// overrides and `replaces`. `switched`: the domain is in shadow by the emergency
+/// switch, so every limit run is, as a `shadow_mode` rule's would be.
 pub(super) fn plan<'r>(
     domain: Option<&'r Domain>,
     request: &RateLimitRequest,
     settings: Settings,
+    switched: bool,
 ) -> Plan<'r> {
     let mut plan = Plan {
         matched: Vec::with_capacity(request.descriptors.len()),
@@ -147,7 +149,7 @@ pub(super) fn plan<'r>(
         let rule = domain.find(&d.entries).map(|m| m.rule);
         plan.matched
             .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
-        let shadow = rule.is_some_and(|r| r.shadow_mode);
+        let shadow = switched || rule.is_some_and(|r| r.shadow_mode);
         let quota = (settings.global_quota_mode || rule.is_some_and(|r| r.quota_mode))
             .then(|| groups.get_or_insert_with(|| quota_groups(&request.descriptors))[i]);
         let charge = rule
@@ -191,7 +193,7 @@ pub(super) fn plan<'r>(
                         descriptor: i,
                         limit: Cow::Owned(limit),
                         cost,
-                        shadow: false,
+                        shadow: switched,
                         quota,
                         charge,
                     });

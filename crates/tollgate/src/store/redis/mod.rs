@@ -306,6 +306,35 @@ impl RedisStore {
         matches!(self.shared.conn, Connection::Cluster(_))
     }
 
+    /// Reads the setting `name` that every instance sharing this Redis sees (the key
+    /// `<prefix>:setting:<name>`, a plain string): `None` when none is set. Within the
+    /// store's deadline.
+    pub async fn shared_setting(&self, name: &str) -> Result<Option<Vec<u8>>, Error> {
+        let mut conn = self.shared.conn.clone();
+        let mut get = redis::cmd("GET");
+        get.arg(self.setting_key(name));
+        tokio::time::timeout(self.deadline, get.query_async::<Option<Vec<u8>>>(&mut conn))
+            .await
+            .map_err(|_| Error::Timeout(self.deadline))?
+            .map_err(|e| self.shared.failed(e))
+    }
+
+    /// Sets the setting `name` (see [`shared_setting`](Self::shared_setting)) to
+    /// `value`, with no expiry. Within the store's deadline.
+    pub async fn set_shared_setting(&self, name: &str, value: &[u8]) -> Result<(), Error> {
+        let mut conn = self.shared.conn.clone();
+        let mut set = redis::cmd("SET");
+        set.arg(self.setting_key(name)).arg(value);
+        tokio::time::timeout(self.deadline, set.query_async::<()>(&mut conn))
+            .await
+            .map_err(|_| Error::Timeout(self.deadline))?
+            .map_err(|e| self.shared.failed(e))
+    }
+
+    fn setting_key(&self, name: &str) -> String {
+        format!("{}:setting:{name}", self.prefix)
+    }
+
     /// Deletes the Redis Functions libraries that other versions of Tollgate loaded
     /// (`tollgate_<SHA-1>` names this build never loads) and returns their names. Run it
     /// once every instance runs this version: an older instance still running reloads its

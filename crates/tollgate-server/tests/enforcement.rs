@@ -1,0 +1,227 @@
+//! The emergency switch (`GET`/`POST /v1/enforcement`) with a real client against the
+//! real binary: a domain switched to shadow is answered OK (decided, counted, reported)
+//! while another is still enforced; the switch survives a reload, shows in `/rules` and
+//! a metric, answers only with the admin token, refuses a bad body; and, on a Redis
+//! shared by two instances, a switch made on one applies on the other.
+
+#![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
+
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use support::{tempdir, Server};
+
+/// Two domains of the same rule.
+fn domain(name: &str) -> String {
+    format!(
+        "domain: {name}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 2}}\n"
+    )
+}
+
+const TOKEN: &str = "switch-Token_7";
+
+fn rules(name: &str) -> std::path::PathBuf {
+    let dir = tempdir(&format!("enforcement-{name}"));
+    for name in ["api", "other"] {
+        std::fs::write(dir.join(format!("{name}.yaml")), domain(name)).unwrap();
+    }
+    dir
+}
+
+/// `POST /v1/check` of `domain` for user `u`: the status and the body.
+async fn check(c: &Client, server: &Server, domain: &str, user: &str) -> (StatusCode, Value) {
+    let r = c
+        .post(format!("{}/v1/check", server.http))
+        .json(&json!({"domain": domain, "descriptors": [{"user": user}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap())
+}
+
+/// `POST /v1/enforcement` with `body` (and the admin token when `token`).
+async fn switch(c: &Client, server: &Server, body: Value, token: bool) -> (StatusCode, Value) {
+    let mut request = c.post(format!("{}/v1/enforcement", server.http));
+    if token {
+        request = request.bearer_auth(TOKEN);
+    }
+    let r = request.json(&body).send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `GET path` with the admin token, as JSON.
+async fn admin_json(c: &Client, server: &Server, path: &str) -> Value {
+    c.get(format!("{}{path}", server.http))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_domain_switched_to_shadow_is_answered_ok_until_it_is_switched_back() {
+    let c = Client::new();
+    let dir = rules("memory");
+    let server = Server::start(&dir, &["--admin-token", TOKEN]).await;
+    for domain in ["api", "other"] {
+        for _ in 0..2 {
+            assert_eq!(check(&c, &server, domain, "a").await.0, StatusCode::OK);
+        }
+        assert_eq!(
+            check(&c, &server, domain, "a").await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+
+    // Only the admin may switch, with a body that says what to switch.
+    let asked = json!({"domain": "api", "mode": "shadow"});
+    assert_eq!(
+        switch(&c, &server, asked.clone(), false).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, body) = switch(&c, &server, json!({"domain": "api", "mode": "off"}), true).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains("`off`"), "{body}");
+    let (status, body) = switch(&c, &server, json!({"mode": "shadow"}), true).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    let (status, body) = switch(&c, &server, asked, true).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["enforcement"]["domains"]["api"], "shadow", "{body}");
+    assert_eq!(body["enforcement"]["all"], "enforce", "{body}");
+    assert_eq!(body["shared"], Value::Null, "{body}");
+    let change = &body["enforcement"]["last_change"];
+    assert!(
+        change["by"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{body}"
+    );
+    assert!(
+        change["at_unix"].as_u64().unwrap() > 1_700_000_000,
+        "{body}"
+    );
+
+    // `api` is over its limit but answered OK, its status flagged shadow; `other` is
+    // still enforced.
+    let (status, body) = check(&c, &server, "api", "a").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["descriptors"][0]["shadow"], true, "{body}");
+    assert_eq!(
+        check(&c, &server, "other", "a").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Decided and counted: a fresh key of `api` still spends its limit.
+    for remaining in [1, 0] {
+        let (_, body) = check(&c, &server, "api", "b").await;
+        assert_eq!(body["descriptors"][0]["remaining"], remaining, "{body}");
+    }
+    let metrics = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_enforcement_shadow{domain=\"api\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_enforcement_shadow{domain=\"*\"} 0"));
+    assert!(
+        metrics.contains("tollgate_shadow_mode_total{domain=\"api\""),
+        "{metrics}"
+    );
+
+    // Shown in /rules, and kept by a reload.
+    let shown = admin_json(&c, &server, "/rules").await;
+    assert_eq!(shown["enforcement"]["domains"]["api"], "shadow", "{shown}");
+    let reload = c
+        .post(format!("{}/reload", server.http))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status(), StatusCode::OK);
+    assert_eq!(check(&c, &server, "api", "a").await.0, StatusCode::OK);
+    assert_eq!(
+        admin_json(&c, &server, "/v1/enforcement").await["enforcement"]["domains"]["api"],
+        "shadow"
+    );
+
+    // Every domain to shadow, then every domain back to enforce.
+    assert_eq!(
+        switch(&c, &server, json!({"domain": "*", "mode": "shadow"}), true)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(check(&c, &server, "other", "a").await.0, StatusCode::OK);
+    let (status, body) = switch(&c, &server, json!({"domain": "*", "mode": "enforce"}), true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["enforcement"]["domains"], json!({}), "{body}");
+    for domain in ["api", "other"] {
+        assert_eq!(
+            check(&c, &server, domain, "a").await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
+/// Polls `check` of `domain` on `server` until it answers `want`; how long it took.
+async fn until(c: &Client, server: &Server, domain: &str, want: StatusCode) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if check(c, server, domain, "a").await.0 == want {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{domain} never answered {want} on {}", server.http);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_on_one_instance_applies_to_another_sharing_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = rules("redis");
+    let args = ["--store", url.as_str(), "--admin-token", TOKEN];
+    let a = Server::start(&dir, &args).await;
+    let b = Server::start(&dir, &args).await;
+    let c = Client::new();
+    for _ in 0..2 {
+        assert_eq!(check(&c, &a, "api", "a").await.0, StatusCode::OK);
+    }
+    assert_eq!(
+        check(&c, &b, "api", "a").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (status, body) = switch(&c, &a, json!({"domain": "api", "mode": "shadow"}), true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["shared"], true, "{body}");
+    let took = until(&c, &b, "api", StatusCode::OK).await;
+    eprintln!("switched on one instance, applied on the other after {took:?}");
+    assert_eq!(
+        admin_json(&c, &b, "/v1/enforcement").await["enforcement"]["domains"]["api"],
+        "shadow"
+    );
+    // Switched back on the other instance: the first one enforces again.
+    let (status, _) = switch(&c, &b, json!({"domain": "*", "mode": "enforce"}), true).await;
+    assert_eq!(status, StatusCode::OK);
+    until(&c, &a, "api", StatusCode::TOO_MANY_REQUESTS).await;
+    // A new instance reads the switch as it starts.
+    for _ in 0..2 {
+        assert_eq!(check(&c, &a, "other", "a").await.0, StatusCode::OK);
+    }
+    switch(&c, &a, json!({"domain": "other", "mode": "shadow"}), true).await;
+    let late = Server::start(&dir, &args).await;
+    until(&c, &late, "other", StatusCode::OK).await;
+    assert_eq!(
+        admin_json(&c, &late, "/v1/enforcement").await["enforcement"]["domains"]["other"],
+        "shadow"
+    );
+    drop(redis);
+}
