@@ -38,6 +38,9 @@
 //! - `rules_decision`: [`Limiter::check_now`] on a [`MemoryStore`] with the system
 //!   clock, for `exact` and `wildcard`, each a pre-built one-descriptor
 //!   [`RateLimitRequest`] (issue target: under 500 ns).
+//! - `features_decision`: the same on a one-rule domain, `plain`, against the same limit
+//!   shared by priority classes with the request naming its class, `priority` (target:
+//!   at most 1.3× `plain`).
 //!
 //! Run with:
 //!
@@ -242,6 +245,40 @@ fn main() {
             });
         });
     }
+    group.finish();
+
+    // Traffic-control features against the same limit without them: one descriptor
+    // `tenant` (+ its class entry), a fixed window far from its limit.
+    let plain_rules = "domain: tc\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 4000000000}\n";
+    let priority_rules = plain_rules.replace(
+        "requests_per_unit: 4000000000}",
+        "requests_per_unit: 4000000000, priority: {from: priority, shares: {critical: 100%, sheddable: 50%}, default_class: sheddable}}",
+    );
+    let small = |text: &str| {
+        let set = from_str("tc.yaml", text).expect("the traffic-control rules load");
+        Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new())
+    };
+    let (plain, classes) = (small(plain_rules), small(&priority_rules));
+    let plain_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")]]);
+    let class_request =
+        RateLimitRequest::new("tc", [vec![("tenant", "acme"), ("priority", "critical")]]);
+    let mut group = criterion.benchmark_group("features_decision");
+    group.bench_function("plain", |b| {
+        b.iter(|| {
+            plain
+                .check_now(black_box(&plain_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("priority", |b| {
+        b.iter(|| {
+            classes
+                .check_now(black_box(&class_request))
+                .expect("a decision")
+                .overall
+        });
+    });
     group.finish();
 
     // Still the admission path at the end of the run.

@@ -1366,3 +1366,89 @@ fn quota_mode_on_a_global_limit_is_refused_with_its_place() {
         "f.yaml:3:5: `quota_mode` cannot go with `scope: global`: a quota group is judged over the whole request, and a global limit is counted in another store than the region's"
     );
 }
+
+/// `priority` refused with its place for each way it can be wrong.
+#[test]
+fn priority_misuses_are_refused_with_their_place() {
+    let limit = |priority: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      priority: {priority}\n"
+        )
+    };
+    let cases = [
+        ("critical", "`priority` must be"),
+        ("{shares: {a: 100%}, default_class: a}", "needs `from`"),
+        ("{from: p, default_class: a}", "needs `shares`"),
+        ("{from: p, shares: {a: 100%}}", "needs `default_class`"),
+        (
+            "{from: p, shares: {a: 100%}, default_class: a, weight: 2}",
+            "unknown key `weight`",
+        ),
+        (
+            "{from: p, shares: {a: half}, default_class: a}",
+            "class `a`: a share is a percentage",
+        ),
+        ("{from: p, shares: {}, default_class: a}", "names no class"),
+    ];
+    for (priority, wanted) in cases {
+        let errs = errors(&limit(priority));
+        assert!(
+            errs.iter()
+                .any(|e| e.contains(wanted) && e.starts_with("7:")),
+            "{priority}: {errs:?}"
+        );
+    }
+    // Not beside `unlimited`.
+    let errs = errors("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, priority: {from: p, shares: {a: 1%}, default_class: a}}\n");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("cannot also have a `priority`")),
+        "{errs:?}"
+    );
+    // A 0% share is never admitted, on a bucket as on a window.
+    for algorithm in ["fixed_window", "gcra"] {
+        let (l, _clock) = limiter(
+            &limit("{from: p, shares: {a: 100%, none: 0%}, default_class: a}").replace(
+                "requests_per_unit: 10\n",
+                &format!("requests_per_unit: 10\n      algorithm: {algorithm}\n"),
+            ),
+        );
+        let none = req("d", &[("tenant", "t"), ("p", "none")]);
+        assert_eq!(
+            l.check_now(&none).unwrap().overall,
+            Code::OverLimit,
+            "{algorithm}"
+        );
+        let a = req("d", &[("tenant", "t"), ("p", "a")]);
+        assert_eq!(l.check_now(&a).unwrap().overall, Code::Ok, "{algorithm}");
+    }
+}
+
+/// Two limits of one domain taking their classes from different keys: each reads its
+/// own, and neither key is matched or counted.
+#[test]
+fn each_limit_reads_its_own_priority_key() {
+    let (l, _clock) = limiter(
+        "domain: d
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: minute
+      requests_per_unit: 4
+      priority: {from: tier, shares: {gold: 100%, tin: 25%}, default_class: tin}
+  - key: region
+    rate_limit:
+      unit: minute
+      requests_per_unit: 4
+      priority: {from: lane, shares: {fast: 100%, slow: 50%}, default_class: slow}
+",
+    );
+    let tin = req("d", &[("tenant", "a"), ("lane", "fast"), ("tier", "tin")]);
+    let r = l.check_now(&tin).unwrap();
+    assert_eq!(r.statuses[0].limit.as_ref().unwrap().requests_per_unit, 1);
+    assert!(!l.check_now(&tin).unwrap().statuses[0].code.eq(&Code::Ok));
+    let slow = req("d", &[("region", "eu"), ("tier", "gold")]);
+    assert_eq!(l.check_now(&slow).unwrap().statuses[0].remaining, 1);
+    let gold = req("d", &[("tier", "gold"), ("tenant", "a")]);
+    assert_eq!(l.check_now(&gold).unwrap().statuses[0].remaining, 2);
+}

@@ -146,9 +146,20 @@ pub(super) fn plan<'r>(
     let mut groups: Option<Vec<u32>> = None;
     for (i, d) in request.descriptors.iter().enumerate() {
         let cost = d.hits_addend.unwrap_or(default_cost);
-        let rule = domain.find(&d.entries).map(|m| m.rule);
-        plan.matched
-            .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
+        let rule = match without_priority(domain, &d.entries) {
+            None => {
+                let rule = domain.find(&d.entries).map(|m| m.rule);
+                plan.matched
+                    .push(rule.map(|r| (r, counter_key(domain, r, &d.entries))));
+                rule
+            }
+            Some(kept) => {
+                let rule = domain.find(&kept).map(|m| m.rule);
+                plan.matched
+                    .push(rule.map(|r| (r, counter_key(domain, r, &kept))));
+                rule
+            }
+        };
         let shadow = switched || rule.is_some_and(|r| r.shadow_mode);
         let quota = (settings.global_quota_mode || rule.is_some_and(|r| r.quota_mode))
             .then(|| groups.get_or_insert_with(|| quota_groups(&request.descriptors))[i]);
@@ -178,7 +189,7 @@ pub(super) fn plan<'r>(
                 for l in &r.limits {
                     plan.runs.push(Run {
                         descriptor: i,
-                        limit: Cow::Borrowed(l),
+                        limit: Cow::Borrowed(l.for_class(class_of(l, &d.entries))),
                         cost,
                         shadow,
                         quota,
@@ -238,15 +249,46 @@ fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<R
     RuleLimit::fixed_window(o.requests_per_unit, o.unit, h.finish(), domain.failure_mode)
 }
 
+/// A descriptor entry: key and value.
+type Entry = (String, String);
+
+/// A descriptor's entries without those that name a priority class in `domain`
+/// (`priority.from`); `None` when the domain has no priority classes or the descriptor
+/// names none (its entries are used as they are).
+fn without_priority<'e>(domain: &Domain, entries: &'e [Entry]) -> Option<Vec<(&'e str, &'e str)>> {
+    let names_class = |k: &String| domain.priority_keys.iter().any(|p| p == k);
+    if domain.priority_keys.is_empty() || !entries.iter().any(|(k, _)| names_class(k)) {
+        return None;
+    }
+    Some(
+        entries
+            .iter()
+            .filter(|(k, _)| !names_class(k))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect(),
+    )
+}
+
+/// The class a descriptor's `entries` name for `limit` (the value of its
+/// `priority.from` entry; the last, if several).
+fn class_of<'e>(limit: &RuleLimit, entries: &'e [Entry]) -> Option<&'e str> {
+    let from = &limit.priority.as_ref()?.from;
+    entries
+        .iter()
+        .rev()
+        .find(|(k, _)| k == from)
+        .map(|(_, v)| v.as_str())
+}
+
 /// The counter key: the runtime values, each length-prefixed (so no value can be
 /// confused with another split differently); below a `share_threshold` wildcard, the
 /// pattern instead of the value.
-fn counter_key(domain: &Domain, rule: &Rule, entries: &[(String, String)]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(entries.iter().map(|e| e.1.len() + 5).sum());
+fn counter_key<K, V: AsRef<str>>(domain: &Domain, rule: &Rule, entries: &[(K, V)]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(entries.iter().map(|e| e.1.as_ref().len() + 5).sum());
     if !rule.shares {
         for (_, value) in entries {
             key.push(0);
-            push_part(&mut key, value);
+            push_part(&mut key, value.as_ref());
         }
         return key;
     }
@@ -263,7 +305,7 @@ fn counter_key(domain: &Domain, rule: &Rule, entries: &[(String, String)]) -> Ve
             }
             _ => {
                 key.push(0);
-                push_part(&mut key, value);
+                push_part(&mut key, value.as_ref());
             }
         }
     }

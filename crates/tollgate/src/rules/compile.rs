@@ -13,7 +13,7 @@ use marked_yaml::Span;
 use super::draft::{ConsistencyMode, DraftConsistency, DraftDomain, DraftFailure, DraftRule};
 use super::error::ConfigError;
 use super::spec::LimitSpec;
-use super::tree::{Domain, Glob, Level, Rule, RuleId, RuleLimit};
+use super::tree::{Domain, Glob, Level, Priority, Rule, RuleId, RuleLimit};
 use super::FailureMode;
 use crate::algorithm::{Consistency, Scope};
 use crate::store::ChargeRejected;
@@ -125,6 +125,13 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
             });
         }
     }
+    let mut priority_keys: Vec<String> = rules
+        .iter()
+        .flat_map(|r| r.limits.iter())
+        .filter_map(|l| l.priority.as_ref().map(|p| p.from.clone()))
+        .collect();
+    priority_keys.sort_unstable();
+    priority_keys.dedup();
     Some(Domain {
         name: name.into(),
         files,
@@ -132,6 +139,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         charge_rejected,
         rules,
         root,
+        priority_keys,
     })
 }
 
@@ -309,17 +317,37 @@ impl Compiler<'_> {
                     }
                 }
                 match built {
-                    Ok((limit, fallback)) => limits.push(RuleLimit {
-                        name: l.name,
-                        requests_per_unit: l.requests_per_unit,
-                        unit: l.unit,
-                        replaces: l.replaces.into_iter().map(|r| r.0).collect(),
-                        overage_percent: l.spec.overage_percent,
-                        limit,
-                        fallback,
-                        spec: l.spec,
-                        divisor,
-                    }),
+                    Ok((limit, fallback)) => {
+                        let mut rule_limit = RuleLimit {
+                            name: l.name,
+                            requests_per_unit: l.requests_per_unit,
+                            unit: l.unit,
+                            replaces: l.replaces.into_iter().map(|r| r.0).collect(),
+                            overage_percent: l.spec.overage_percent,
+                            limit,
+                            fallback,
+                            spec: l.spec,
+                            divisor,
+                            priority: None,
+                        };
+                        if let Some(p) = l.priority {
+                            match priority_classes(&rule_limit, &p) {
+                                Ok(priority) => rule_limit.priority = Some(Box::new(priority)),
+                                Err(message) => {
+                                    let (line, column) =
+                                        p.span.start().map_or((0, 0), |m| (m.line(), m.column()));
+                                    self.errors.push(ConfigError {
+                                        file: file.to_string(),
+                                        line,
+                                        column,
+                                        message,
+                                    });
+                                    continue;
+                                }
+                            }
+                        }
+                        limits.push(rule_limit);
+                    }
                     Err(e) => {
                         let (line, column) =
                             l.span.start().map_or((0, 0), |m| (m.line(), m.column()));
@@ -364,6 +392,57 @@ impl Compiler<'_> {
             self.rules[id].children = children;
         }
     }
+}
+
+/// The classes of `limit`'s `priority`: each the same counter (the same id) with a
+/// window's limit, or a bucket's burst, cut to its share (rounded down; a bucket's rate
+/// stays). Refused: a limit not counted exactly (each instance's leases or counts cannot
+/// keep one counter's classes apart), and a share that leaves a bucket no room.
+fn priority_classes(
+    limit: &RuleLimit,
+    p: &super::draft::DraftPriority,
+) -> Result<Priority, String> {
+    if limit.limit.consistency() != crate::algorithm::Consistency::Exact
+        || limit.limit.scope() == crate::algorithm::Scope::Global
+    {
+        return Err(format!(
+            "`priority` needs a limit counted exactly (`consistency: exact`, `scope: region`):              this one is `consistency: {}`",
+            limit.limit.consistency().name()
+        ));
+    }
+    let id = limit.limit.id();
+    let mut classes = Vec::with_capacity(p.classes.len());
+    for (name, percent) in &p.classes {
+        let share = |n: u64| u64::try_from(u128::from(n) * u128::from(*percent) / 100).unwrap_or(n);
+        let mut spec = limit.spec;
+        let rpu = if spec.algorithm.is_bucket() {
+            spec.burst = Some(share(spec.burst.unwrap_or(limit.requests_per_unit)));
+            limit.requests_per_unit
+        } else {
+            share(limit.requests_per_unit)
+        };
+        let built = spec
+            .build(rpu, limit.unit, id)
+            .and_then(|l| Ok((l, spec.build_divided(rpu, limit.unit, id, limit.divisor)?)));
+        let (class_limit, fallback) =
+            built.map_err(|e| format!("priority class `{name}` ({percent}% of the limit): {e}"))?;
+        classes.push((
+            name.clone(),
+            RuleLimit {
+                requests_per_unit: rpu,
+                limit: class_limit,
+                fallback,
+                spec,
+                priority: None,
+                ..limit.clone()
+            },
+        ));
+    }
+    Ok(Priority {
+        from: p.from.clone(),
+        classes,
+        default: p.default,
+    })
 }
 
 /// A counter's identity: the domain, the rule's place in the tree, which of its limits,

@@ -443,6 +443,7 @@ impl<'a> DraftReader<'a> {
                 "block_duration",
                 "overage_percent",
                 "mode",
+                "priority",
             ],
             "a rate limit",
         );
@@ -460,6 +461,7 @@ impl<'a> DraftReader<'a> {
                 "algorithm",
                 "burst",
                 "block_duration",
+                "priority",
             ] {
                 if let Some(n) = map.get_node(other) {
                     self.yaml.error(
@@ -555,6 +557,7 @@ impl<'a> DraftReader<'a> {
         if map.get_node("overage_percent").is_some() {
             spec.overage_percent = self.yaml.number(map, "overage_percent", 1000).unwrap_or(0);
         }
+        let priority = map.get_node("priority").and_then(|n| self.priority(n));
         let (unit, rpu) = (unit?, rpu?);
         if let Some(why) = bucket_out_of_range(&spec, unit, rpu) {
             let span = map
@@ -578,7 +581,101 @@ impl<'a> DraftReader<'a> {
             unit,
             replaces,
             spec,
+            priority,
         })))
+    }
+
+    /// `priority: {from: KEY, shares: {CLASS: PERCENT%, ...}, default_class: CLASS}`.
+    fn priority(&mut self, node: &Node) -> Option<DraftPriority> {
+        const WHAT: &str = "`priority` must be `{from: <descriptor key>, shares: {<class>: <percent>%, ...}, default_class: <class>}`";
+        let Some(map) = node.as_mapping() else {
+            self.yaml.error(node.span(), WHAT);
+            return None;
+        };
+        self.yaml
+            .check_keys(map, &["from", "shares", "default_class"], "`priority`");
+        let from = match map.get_scalar("from").map(|s| s.as_str()) {
+            Some(f) if !f.is_empty() => Some(f.to_string()),
+            _ => {
+                self.yaml.error(
+                    map.get_node("from").map_or(map.span(), |n| n.span()),
+                    "`priority` needs `from`: the descriptor key whose value names the request's class (e.g. `from: priority`)",
+                );
+                None
+            }
+        };
+        let mut classes: Vec<(String, u64)> = Vec::new();
+        match map.get_node("shares").and_then(|n| n.as_mapping()) {
+            None => self.yaml.error(
+                map.get_node("shares").map_or(map.span(), |n| n.span()),
+                "`priority` needs `shares`: each class and the share of the limit it may use, e.g. `{critical: 100%, default: 80%, sheddable: 50%}`",
+            ),
+            Some(shares) => {
+                for (class, share) in shares.iter() {
+                    let text = share.as_scalar().map(|s| s.as_str()).unwrap_or("");
+                    let percent = text
+                        .strip_suffix('%')
+                        .unwrap_or(text)
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|p| *p <= 100);
+                    match percent {
+                        Some(p) if classes.len() < MAX_PRIORITY_CLASSES => {
+                            classes.push((class.as_str().to_string(), p));
+                        }
+                        Some(_) => {
+                            self.yaml.error(
+                                class.span(),
+                                format!("`priority` has at most {MAX_PRIORITY_CLASSES} classes"),
+                            );
+                            break;
+                        }
+                        None => self.yaml.error(
+                            share.span(),
+                            format!("class `{}`: a share is a percentage from 0% to 100% of the limit, such as `80%`", class.as_str()),
+                        ),
+                    }
+                }
+                if shares.is_empty() {
+                    self.yaml
+                        .error(shares.span(), "`shares` names no class");
+                }
+            }
+        }
+        let default = match map.get_scalar("default_class") {
+            None => {
+                self.yaml.error(
+                    map.span(),
+                    "`priority` needs `default_class`: the class of a request that names none, or one not in `shares`",
+                );
+                None
+            }
+            Some(d) => {
+                let found = classes.iter().position(|(c, _)| c == d.as_str());
+                if found.is_none() && !classes.is_empty() {
+                    self.yaml.error(
+                        d.span(),
+                        format!(
+                            "`default_class: {}` is not one of the classes in `shares` ({})",
+                            d.as_str(),
+                            classes
+                                .iter()
+                                .map(|c| c.0.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+                found
+            }
+        };
+        Some(DraftPriority {
+            span: *node.span(),
+            from: from?,
+            classes,
+            default: default?,
+        })
     }
 
     fn replaces(&mut self, map: &MarkedMappingNode) -> Vec<(String, Span)> {
@@ -734,4 +831,18 @@ pub(crate) struct DraftRateLimit {
     pub(crate) unit: Unit,
     pub(crate) replaces: Vec<(String, Span)>,
     pub(crate) spec: LimitSpec,
+    pub(crate) priority: Option<DraftPriority>,
 }
+
+/// A limit's `priority`: the descriptor key naming the class, each class's share of
+/// the limit (percent), and the class of a request that names none (an index).
+#[derive(Debug)]
+pub(crate) struct DraftPriority {
+    pub(crate) span: Span,
+    pub(crate) from: String,
+    pub(crate) classes: Vec<(String, u64)>,
+    pub(crate) default: usize,
+}
+
+/// The most classes one `priority` may name.
+const MAX_PRIORITY_CLASSES: usize = 64;

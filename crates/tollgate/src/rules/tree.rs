@@ -68,6 +68,9 @@ pub struct Domain {
     pub charge_rejected: Option<crate::store::ChargeRejected>,
     pub(crate) rules: Vec<Rule>,
     pub(crate) root: Level,
+    /// The descriptor keys that name a request's priority class in some limit of this
+    /// domain (`priority.from`): left out of matching and of counter keys.
+    pub(crate) priority_keys: Vec<String>,
 }
 
 /// One descriptor of a rule file.
@@ -132,9 +135,38 @@ pub struct RuleLimit {
     pub fallback: Limit,
     pub(crate) spec: super::spec::LimitSpec,
     pub(crate) divisor: u64,
+    /// Priority classes sharing this limit (`priority`), if it has them.
+    pub priority: Option<Box<Priority>>,
+}
+
+/// A limit shared by priority classes (`priority`): every class charges the same counter,
+/// and a request of a class is admitted only while the counter, after it, stays within
+/// the class's share of the limit.
+#[derive(Debug, Clone)]
+pub struct Priority {
+    /// The descriptor key whose value names a request's class; that entry is left out of
+    /// matching and of the counter key.
+    pub from: String,
+    /// Each class and the limit it runs: the same counter (the same id), a window's
+    /// limit or a bucket's burst cut to the class's share.
+    pub classes: Vec<(String, RuleLimit)>,
+    /// Index into `classes` of the class of a request that names none, or an unknown one.
+    pub default: usize,
 }
 
 impl RuleLimit {
+    /// The limit a request of `class` (the value of its `priority.from` entry, if it
+    /// has one) runs: its class's, or this one when the limit has no classes.
+    pub fn for_class(&self, class: Option<&str>) -> &RuleLimit {
+        let Some(p) = &self.priority else {
+            return self;
+        };
+        let chosen = class
+            .and_then(|c| p.classes.iter().find(|(name, _)| name == c))
+            .or_else(|| p.classes.get(p.default));
+        chosen.map_or(self, |(_, limit)| limit)
+    }
+
     /// The limit's numbers replaced by a request's override, keeping its algorithm and
     /// extensions, and its counter when the override keeps its unit (another unit counts
     /// on a counter of its own, per descriptor and unit, as Envoy's service counts).
@@ -186,6 +218,7 @@ impl RuleLimit {
                 .ok()?,
             spec,
             divisor,
+            priority: None,
         })
     }
 
