@@ -1,6 +1,7 @@
 //! `RateLimitLayer` on an axum router, called without a socket (`oneshot`, the peer
 //! address put in the request as axum's `ConnectInfo` would): routes, headers, and the
-//! `http` section following the rule files' hot reload.
+//! `http` section following the rule files' hot reload, request bytes charged
+//! (declared, or streamed in batches).
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/minute.rs"]
@@ -246,5 +247,126 @@ async fn ipv6_clients_are_keyed_by_the_configured_prefix() {
     assert!(
         e.contains("http.ipv6_prefix: 129 is more than the 128 bits of an IPv6 address"),
         "{e}"
+    );
+}
+
+/// Counts the charges the layer makes (each call to the observer) and their costs.
+#[derive(Default)]
+struct Charges(std::sync::Mutex<Vec<(u64, bool)>>);
+
+impl tollgate::http::DecisionObserver for Charges {
+    fn decided(
+        &self,
+        request: &tollgate::limiter::RateLimitRequest,
+        response: &tollgate::limiter::RateLimitResponse,
+        _elapsed: std::time::Duration,
+    ) {
+        let cost = request.descriptors[0].hits_addend.unwrap_or(1);
+        let over = response.overall == tollgate::limiter::Code::OverLimit;
+        self.0.lock().unwrap().push((cost, over));
+    }
+}
+
+/// The inner service: reads the body to its end, answers how many bytes came and
+/// whether it ended or failed.
+async fn read_all(body: Body) -> String {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut bytes = 0;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => bytes += f.data_ref().map_or(0, |d| d.len()),
+            Err(_) => return format!("aborted after {bytes}"),
+        }
+    }
+    format!("read {bytes}")
+}
+
+#[tokio::test]
+async fn request_bytes_are_charged_declared_or_streamed_in_batches() {
+    minute::away_from_a_minute_boundary(10);
+    let file = rules_file(
+        "bytes",
+        "domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 200000, name: bytes}
+http:
+  routes:
+    - rate_limits:
+        - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+          cost: request_bytes
+",
+    );
+    let rules = Arc::new(Rules::load(vec![file], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(rules, MemoryStore::new()));
+    let charges = Arc::new(Charges::default());
+    let layer = RateLimitLayer::new(limiter).with_observer(Arc::clone(&charges) as _);
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    let app = axum::Router::new()
+        .fallback(move |req: Request<Body>| {
+            let seen_tx = seen_tx.clone();
+            async move {
+                let said = read_all(req.into_body()).await;
+                seen_tx.send(said.clone()).unwrap();
+                said
+            }
+        })
+        .layer(layer);
+    let call = |key: &str, body: Body| {
+        let mut req = Request::post("/up")
+            .header("x-api-key", key)
+            .body(body)
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("192.0.2.9:1".parse::<SocketAddr>().unwrap()));
+        app.clone().oneshot(req)
+    };
+    // A known length: one check, charged up front.
+    let r = call("a", Body::from(vec![0u8; 150_000])).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(seen.recv().unwrap(), "read 150000");
+    assert_eq!(
+        charges.0.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        [(150_000, false)]
+    );
+    let r = call("a", Body::from(vec![0u8; 60_000])).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let r = call("a", Body::from(vec![0u8; 200_001])).await.unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    charges.0.lock().unwrap().clear();
+
+    // Streamed, every chunk ready at once: a check of no cost, then one charge per 64 KiB.
+    let chunks = (0..10).map(|_| Ok::<_, std::io::Error>(vec![0u8; 16 * 1024]));
+    let body = Body::from_stream(futures_util::stream::iter(chunks));
+    let r = call("b", body).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(seen.recv().unwrap(), "read 163840");
+    assert_eq!(
+        charges.0.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        [
+            (0, false),
+            (65_536, false),
+            (65_536, false),
+            (32_768, false)
+        ]
+    );
+
+    // Streamed with pauses: each pause charges what came; over the limit, the inner
+    // service sees the body fail and the client gets 429.
+    let slow = futures_util::stream::unfold(0, |n| async move {
+        if n == 3 {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        Some((Ok::<_, std::io::Error>(vec![0u8; 15_000]), n + 1))
+    });
+    let r = call("b", Body::from_stream(slow)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(seen.recv().unwrap(), "aborted after 30000");
+    assert_eq!(
+        charges.0.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        [(0, false), (15_000, false), (15_000, false), (15_000, true)]
     );
 }

@@ -1,6 +1,7 @@
 //! A real upstream for gateway tests: records each request's path, arrival and
 //! X-Forwarded-For; `/stream` sends a chunk every 20 ms until the client goes away;
-//! `/hang` never answers.
+//! `/hang` never answers; `/upload` reads the request body to its end and records how
+//! many bytes came and whether the body ended or failed (an aborted upload).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -14,9 +15,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// What the upstream saw of one request: path, arrival, X-Forwarded-For.
 pub type Arrival = (String, Instant, Option<String>);
 
+/// What the upstream read of one `/upload` body: its bytes, and whether it ended
+/// (false: the body failed, e.g. the gateway aborted the request).
+pub type Upload = (u64, bool);
+
 #[derive(Clone, Default)]
 pub struct Upstream {
     pub arrivals: Arc<Mutex<Vec<Arrival>>>,
+    pub uploads: Arc<Mutex<Vec<Upload>>>,
 }
 
 impl Upstream {
@@ -47,6 +53,22 @@ pub async fn upstream_handler(State(up): State<Upstream>, req: Request) -> Respo
             Some((Ok::<_, std::io::Error>(format!("chunk {n}\n")), n + 1))
         });
         return Response::new(Body::from_stream(chunks));
+    }
+    if path.starts_with("/upload") {
+        use http_body_util::BodyExt;
+        let mut body = req.into_body();
+        let (mut bytes, mut ended) = (0u64, true);
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => bytes += frame.data_ref().map_or(0, |d| d.len() as u64),
+                Err(_) => {
+                    ended = false;
+                    break;
+                }
+            }
+        }
+        up.uploads.lock().unwrap().push((bytes, ended));
+        return Response::new(Body::from(format!("upstream read {bytes} bytes")));
     }
     if path.starts_with("/hang") {
         tokio::time::sleep(Duration::from_secs(60)).await;

@@ -32,6 +32,10 @@
 //! present_match}]`), plus Tollgate's `path`, `method` and `query_parameter`
 //! (`query_parameter_name`, `descriptor_key`, `skip_if_absent`). As in Envoy, a descriptor
 //! one of whose actions produces nothing is not sent.
+//!
+//! A `rate_limits` item may say `cost: request_bytes` (default `cost: hits`, one per
+//! request): it is then charged the request body's bytes, so that a limit in bytes per
+//! unit limits bandwidth (see [`Cost`]).
 
 use std::collections::BTreeMap;
 
@@ -155,12 +159,28 @@ impl RouteMatch {
     }
 }
 
-/// The actions that build one descriptor.
+/// The actions that build one descriptor, and what a request costs it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitActions {
     /// Each action adds one (key, value) entry, in order.
     pub actions: Vec<Action>,
+    /// What a request charges this descriptor (default: one hit).
+    #[serde(default)]
+    pub cost: Cost,
+}
+
+/// What a request charges one `rate_limits` descriptor: `cost: hits` (the default) or
+/// `cost: request_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cost {
+    /// One unit per request.
+    #[default]
+    Hits,
+    /// One unit per byte of the request body: its declared length, charged in the
+    /// decision, or, for a body streamed without one, charged as it arrives.
+    RequestBytes,
 }
 
 /// A concurrency limit on the descriptor its actions build.
@@ -535,6 +555,28 @@ http:
         let bad_header = "domain: e\nhttp:\n  routes:\n    - rate_limits:\n        - actions: [{request_headers: {header_name: 'a b', descriptor_key: k}}]\n";
         let e = error("e.yaml", bad_header);
         assert!(e.message.contains("not a valid header name"), "{e}");
+    }
+
+    #[test]
+    fn cost_is_hits_or_request_bytes_and_a_bad_one_is_placed() {
+        let route = |cost: &str| {
+            format!(
+                "domain: e\nhttp:\n  routes:\n    - rate_limits:\n        - actions: [{{method: {{}}}}]\n{cost}        - actions: [{{path: {{}}}}]\n"
+            )
+        };
+        let r = from_str("e.yaml", &route("          cost: request_bytes\n"))
+            .unwrap()
+            .unwrap();
+        let costs: Vec<Cost> = r.routes[0].rate_limits.iter().map(|l| l.cost).collect();
+        assert_eq!(costs, [Cost::RequestBytes, Cost::Hits]);
+        let r = from_str("e.yaml", &route("          cost: hits\n"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.routes[0].rate_limits[0].cost, Cost::Hits);
+        let e = error("e.yaml", &route("          cost: bytes\n"));
+        assert_eq!((e.file.as_str(), e.line), ("e.yaml", 6), "{e}");
+        assert!(e.message.contains("cost"), "{e}");
+        assert!(e.message.contains("request_bytes"), "{e}");
     }
 
     /// A route whose request the limiter would refuse (past its default caps) is

@@ -35,10 +35,12 @@
 //!   `X-RateLimit-*`, the problem body; shared with `tollgate serve`.
 //! - `layer.rs` / `service.rs`: [`RateLimitLayer`] builds [`RateLimit`], both around
 //!   `gate.rs` (what every request consults: limiter, permits, settings, a snapshot of
-//!   the rules); `body.rs` holds concurrency permits until the response body ends.
+//!   the rules); `body.rs` holds concurrency permits until the response body ends;
+//!   `bandwidth.rs` charges a streamed request body to `cost: request_bytes` entries.
 //! - [`observer`]: [`DecisionObserver`], told of every decision (metrics).
 
 pub mod actions;
+mod bandwidth;
 mod body;
 pub mod client_ip;
 pub mod config;

@@ -14,8 +14,16 @@
 //! delays the request (shaping), the inner service answers, and the RateLimit fields
 //! are added; permits are held until the response body ends or the client goes away.
 //!
-//! The inner service may answer with any body (axum's, hyper's `Incoming`, tonic's);
-//! the layer answers with [`axum::body::Body`].
+//! A `cost: request_bytes` entry is charged the body's declared length in that one
+//! check (declared more than its limit could ever admit: 413); a body streamed
+//! without a length is checked without a charge there, then charged as it arrives
+//! (`bandwidth.rs`): once a charge is refused the body stops, the request sent on is
+//! aborted, and the client gets 429 unless a response has begun.
+//!
+//! The inner service receives the request with an [`axum::body::Body`] (any request
+//! body is boxed into one; axum routers and `tollgate proxy`'s forwarder take it) and
+//! may answer with any body (axum's, hyper's `Incoming`, tonic's); the layer answers
+//! with [`axum::body::Body`].
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -31,14 +39,16 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 
 use super::actions::{descriptor, query_repeated, RequestView};
+use super::bandwidth::{Meter, MeteredBody};
 use super::body::PermitBody;
 use super::client_ip::client_ip;
-use super::config::{AccessList, Action, Fallback, HttpRules};
+use super::config::{AccessList, Action, Cost, Fallback, HttpRules};
 use super::gate::Gate;
 use super::path::{PathError, RequestPath};
 use crate::headers::{append_to, headers, problem_body};
 use crate::inflight::{InFlight, Permit};
 use crate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
+use crate::rules::RuleSet;
 use crate::store::Store;
 
 /// A service limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -58,11 +68,15 @@ impl<Svc: Clone, S, I> Clone for RateLimit<Svc, S, I> {
 
 /// What the gate decided for a request before it reaches the inner service.
 enum Verdict {
-    /// Forward, after `delay`, adding `headers`, holding `permits`.
+    /// Forward, after `delay`, adding `headers`, holding `permits`; charge the body's
+    /// bytes as it streams to the `request_bytes` descriptors of `meters` (one request
+    /// per section), by the rule set `set`.
     Pass {
         delay: Duration,
         headers: Vec<(&'static str, String)>,
         permits: Vec<Permit>,
+        meters: Vec<RateLimitRequest>,
+        set: Arc<RuleSet>,
     },
     /// Answer this instead.
     Answer(Response<Body>),
@@ -70,11 +84,12 @@ enum Verdict {
 
 impl<Svc, S, I, B, ResBody> tower::Service<Request<B>> for RateLimit<Svc, S, I>
 where
-    Svc: tower::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Svc: tower::Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
     Svc::Future: Send,
     S: Store + 'static,
     I: InFlight + 'static,
-    B: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<axum::BoxError>,
 {
@@ -92,45 +107,90 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = Arc::clone(&self.gate);
         Box::pin(async move {
-            // Decided on the head alone (the body may not be Sync, and is not read).
+            // Decided on the head alone (the body may not be Sync, and is not read),
+            // and the body's declared length.
             let (mut parts, body) = request.into_parts();
+            let length = http_body::Body::size_hint(&body).exact();
+            let body = Body::new(body);
             let path = match RequestPath::parse(parts.uri.path()) {
                 Ok(path) => path,
                 Err(e) => return Ok(unnormal(&e)),
             };
-            let verdict = decide(&gate, &parts, &path).await;
+            let verdict = decide(&gate, &parts, &path, length).await;
             if !parts.uri.path().is_empty() && path.normal() != parts.uri.path() {
                 match with_path(&parts.uri, path.normal()) {
                     Some(uri) => parts.uri = uri,
                     None => return Ok(unnormal(&PathError::NotAbsolute)),
                 }
             }
-            let request = Request::from_parts(parts, body);
             match verdict {
                 Verdict::Answer(response) => Ok(response),
                 Verdict::Pass {
                     delay,
                     headers,
                     permits,
+                    meters,
+                    set,
                 } => {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
-                    let mut response = inner.call(request).await?;
-                    append_to(response.headers_mut(), headers);
-                    let (parts, body) = response.into_parts();
-                    let body = Body::new(body);
-                    if permits.is_empty() {
-                        return Ok(Response::from_parts(parts, body));
+                    if meters.is_empty() {
+                        let request = Request::from_parts(parts, body);
+                        let response = inner.call(request).await?;
+                        return Ok(answer(response, headers, permits));
                     }
-                    Ok(Response::from_parts(
-                        parts,
-                        Body::new(PermitBody::new(body, permits)),
-                    ))
+                    let (refused, mut refusal) = tokio::sync::oneshot::channel();
+                    let meter = Meter {
+                        limiter: Arc::clone(&gate.limiter),
+                        set,
+                        charges: meters,
+                        observer: gate.observer.clone(),
+                        headers: gate.headers,
+                        refused,
+                    };
+                    let body = Body::new(MeteredBody::new(body, meter));
+                    let mut call = std::pin::pin!(inner.call(Request::from_parts(parts, body)));
+                    // A refused charge answers the client if the upstream has not yet;
+                    // the request sent upstream is dropped (aborted) with the call.
+                    let waiting = async {
+                        match (&mut refusal).await {
+                            Ok(refused) => refused,
+                            // The body ended (or was dropped) without a refusal.
+                            Err(_) => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        refused = waiting => Ok(refused),
+                        response = &mut call => match refusal.try_recv() {
+                            Ok(refused) => Ok(refused),
+                            Err(_) => Ok(answer(response?, headers, permits)),
+                        },
+                    }
                 }
             }
         })
     }
+}
+
+/// The inner service's `response` with the RateLimit fields added, holding `permits`
+/// until its body ends.
+fn answer<ResBody>(
+    mut response: Response<ResBody>,
+    headers: Vec<(&'static str, String)>,
+    permits: Vec<Permit>,
+) -> Response<Body>
+where
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    append_to(response.headers_mut(), headers);
+    let (parts, body) = response.into_parts();
+    let body = Body::new(body);
+    if permits.is_empty() {
+        return Response::from_parts(parts, body);
+    }
+    Response::from_parts(parts, Body::new(PermitBody::new(body, permits)))
 }
 
 /// The peer address axum (`into_make_service_with_connect_info`) or the caller put in
@@ -166,6 +226,7 @@ async fn decide<S: Store, I: InFlight>(
     gate: &Gate<S, I>,
     request: &Parts,
     path: &RequestPath,
+    length: Option<u64>,
 ) -> Verdict {
     let snapshot = gate.snapshot();
     let sections = snapshot.sections();
@@ -174,6 +235,7 @@ async fn decide<S: Store, I: InFlight>(
     }
     let peer = peer(request);
     let (mut delay, mut out_headers, mut permits) = (Duration::ZERO, Vec::new(), Vec::new());
+    let mut meters = Vec::new();
     for section in sections {
         let client = client_ip(
             peer,
@@ -213,18 +275,38 @@ async fn decide<S: Store, I: InFlight>(
                 }
             }
         }
-        let descriptors: Vec<Descriptor> = route
-            .rate_limits
-            .iter()
-            .filter_map(|r| descriptor(&r.actions, &view, form))
-            .map(|entries| Descriptor {
-                entries,
-                ..Descriptor::default()
-            })
-            .collect();
+        // A `request_bytes` entry costs the declared length; a streamed body is checked
+        // here without a charge (refused if the key is over already) and charged as it
+        // arrives.
+        let (mut descriptors, mut by_bytes) = (Vec::new(), Vec::new());
+        for r in &route.rate_limits {
+            let Some(entries) = descriptor(&r.actions, &view, form) else {
+                continue;
+            };
+            let hits_addend = match r.cost {
+                Cost::Hits => None,
+                Cost::RequestBytes => Some(length.unwrap_or(0)),
+            };
+            if r.cost == Cost::RequestBytes && length.is_none() {
+                by_bytes.push(Descriptor {
+                    entries: entries.clone(),
+                    ..Descriptor::default()
+                });
+            }
+            descriptors.push((
+                r.cost,
+                Descriptor {
+                    entries,
+                    hits_addend,
+                    ..Descriptor::default()
+                },
+            ));
+        }
         if descriptors.is_empty() {
             continue;
         }
+        let costs: Vec<Cost> = descriptors.iter().map(|d| d.0).collect();
+        let descriptors = descriptors.into_iter().map(|d| d.1).collect();
         let check = RateLimitRequest {
             domain: section.domain.clone(),
             descriptors,
@@ -256,6 +338,15 @@ async fn decide<S: Store, I: InFlight>(
         };
         let fields = headers(&response, gate.headers);
         if response.overall == Code::OverLimit {
+            // A declared length more than a byte limit could ever admit: no retry helps.
+            let too_large = response.statuses.iter().zip(&costs).any(|(s, c)| {
+                *c == Cost::RequestBytes
+                    && s.code == Code::OverLimit
+                    && s.retry_after == crate::decision::NEVER
+            });
+            if too_large {
+                return Verdict::Answer(payload_too_large(length.unwrap_or(0), fields));
+            }
             return Verdict::Answer(match &route.fallback {
                 Some(f) => fallback(f, fields),
                 None => over_limit(&response, fields),
@@ -265,11 +356,20 @@ async fn decide<S: Store, I: InFlight>(
             response.statuses.iter().map(|s| s.delay).max().unwrap_or(0),
         ));
         out_headers.extend(fields);
+        if !by_bytes.is_empty() {
+            meters.push(RateLimitRequest {
+                domain: section.domain.clone(),
+                descriptors: by_bytes,
+                hits_addend: 1,
+            });
+        }
     }
     Verdict::Pass {
         delay,
         headers: out_headers,
         permits,
+        meters,
+        set: Arc::clone(&snapshot.set),
     }
 }
 
@@ -374,7 +474,27 @@ fn json_response(
     response
 }
 
-fn over_limit(response: &RateLimitResponse, fields: Vec<(&'static str, String)>) -> Response<Body> {
+/// 413: the declared body (`length` bytes) is larger than a `request_bytes` limit
+/// could ever admit; the RateLimit fields say which, no `Retry-After`.
+fn payload_too_large(length: u64, fields: Vec<(&'static str, String)>) -> Response<Body> {
+    let mut response = problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Payload Too Large",
+        &format!(
+            "the request body ({length} bytes) is larger than its rate limit admits in a window"
+        ),
+    );
+    let fields = fields
+        .into_iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("retry-after"));
+    append_to(response.headers_mut(), fields.collect());
+    response
+}
+
+pub(super) fn over_limit(
+    response: &RateLimitResponse,
+    fields: Vec<(&'static str, String)>,
+) -> Response<Body> {
     json_response(
         StatusCode::TOO_MANY_REQUESTS,
         problem_body(response),
@@ -382,7 +502,7 @@ fn over_limit(response: &RateLimitResponse, fields: Vec<(&'static str, String)>)
     )
 }
 
-fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+pub(super) fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": title,
