@@ -1,8 +1,9 @@
 //! The emergency switch (`GET`/`POST /v1/enforcement`) with a real client against the
 //! real binary: a domain switched to shadow is answered OK (decided, counted, reported)
 //! while another is still enforced; the switch survives a reload, shows in `/rules` and
-//! a metric, answers only with the admin token, refuses a bad body; and, on a Redis
-//! shared by two instances, a switch made on one applies on the other.
+//! a metric, answers only with the admin token, refuses a bad body; on a Redis shared by
+//! two instances, a switch made on one applies on the other; and the gateway lets
+//! requests of a switched domain through.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -15,7 +16,8 @@ use std::time::{Duration, Instant};
 use redis_server::RedisServer;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
-use support::{tempdir, Server};
+use support::upstream::start_upstream;
+use support::{free_port, tempdir, Proxy, Server};
 
 /// Two domains of the same rule.
 fn domain(name: &str) -> String {
@@ -224,4 +226,68 @@ async fn a_switch_on_one_instance_applies_to_another_sharing_redis() {
         "shadow"
     );
     drop(redis);
+}
+
+#[tokio::test]
+async fn the_gateway_lets_a_switched_domains_requests_through() {
+    let dir = tempdir("enforcement-gateway");
+    std::fs::write(
+        dir.join("edge.yaml"),
+        "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+http:
+  routes:
+    - match: {path_prefix: /}
+      rate_limits:
+        - actions: [{remote_address: {}}]
+",
+    )
+    .unwrap();
+    let (_up, upstream) = start_upstream().await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let proxy = Proxy::start(
+        &dir,
+        &format!("http://{upstream}"),
+        &["--admin-listen", &admin, "--admin-token", TOKEN],
+    )
+    .await;
+    let c = Client::new();
+    let admin_url = format!("http://{admin}");
+    let get = || async {
+        c.get(format!("{}/a", proxy.url))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(get().await, StatusCode::OK);
+    assert_eq!(get().await, StatusCode::TOO_MANY_REQUESTS);
+    let mut switched = None;
+    for _ in 0..100 {
+        // The admin listener may still be starting.
+        if let Ok(r) = c
+            .post(format!("{admin_url}/v1/enforcement"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"domain": "edge", "mode": "shadow"}))
+            .send()
+            .await
+        {
+            switched = Some(r.status());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(switched, Some(StatusCode::OK));
+    assert_eq!(get().await, StatusCode::OK);
+    let back = c
+        .post(format!("{admin_url}/v1/enforcement"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"domain": "*", "mode": "enforce"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(back.status(), StatusCode::OK);
+    assert_eq!(get().await, StatusCode::TOO_MANY_REQUESTS);
 }
