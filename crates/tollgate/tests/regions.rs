@@ -598,7 +598,10 @@ fn requests_waiting_for_a_far_lease_call_do_not_each_call() {
     for h in handles {
         assert!(rt.block_on(h).unwrap());
     }
+    // The calls made while the store held its answer: the waiters' own. (Once the lease
+    // lands the key is hot, and its next leases are taken ahead in the background.)
+    let held = global_store.held.load(Ordering::Relaxed);
     let calls = global_store.calls.load(Ordering::Relaxed);
-    eprintln!("20 concurrent requests, global store answering after 300 ms: {calls} global calls");
-    assert!(calls <= 2);
+    eprintln!("20 concurrent requests, global store answering after 300 ms: {held} calls held, {calls} in all");
+    assert_eq!(held, 1);
 }
