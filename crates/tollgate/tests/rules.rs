@@ -1398,6 +1398,28 @@ fn priority_misuses_are_refused_with_their_place() {
             "{priority}: {errs:?}"
         );
     }
+    // Not with a lockout: the classes would share it.
+    let errs = errors(
+        &limit("{from: p, shares: {a: 100%}, default_class: a}").replace(
+            "requests_per_unit: 10\n",
+            "requests_per_unit: 10\n      block_duration: 15m\n",
+        ),
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("cannot be combined with `block_duration`")),
+        "{errs:?}"
+    );
+    // A rule on the key that names the class would never match.
+    let errs = errors(&format!(
+        "{}  - key: p\n    rate_limit: {{unit: minute, requests_per_unit: 1}}\n",
+        limit("{from: p, shares: {a: 100%}, default_class: a}")
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("8:") && e.contains("key `p` would never match")),
+        "{errs:?}"
+    );
     // Not beside `unlimited`.
     let errs = errors("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, priority: {from: p, shares: {a: 1%}, default_class: a}}\n");
     assert!(
@@ -1451,4 +1473,20 @@ descriptors:
     assert_eq!(l.check_now(&slow).unwrap().statuses[0].remaining, 1);
     let gold = req("d", &[("tier", "gold"), ("tenant", "a")]);
     assert_eq!(l.check_now(&gold).unwrap().statuses[0].remaining, 2);
+    // A request's own limit, where no rule matches, keeps one counter whatever class
+    // it names.
+    let mut own = req("d", &[("path", "/x"), ("tier", "gold")]);
+    own.descriptors[0].limit = Some(LimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute,
+    });
+    assert_eq!(l.check_now(&own).unwrap().overall, Code::Ok);
+    for class in ["tin", "other", "gold"] {
+        own.descriptors[0].entries[1].1 = class.to_string();
+        assert_eq!(
+            l.check_now(&own).unwrap().overall,
+            Code::OverLimit,
+            "{class}"
+        );
+    }
 }

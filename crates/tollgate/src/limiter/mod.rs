@@ -181,7 +181,7 @@ impl<S: Store> Limiter<S> {
         let domain = set.domain(&request.domain).map(Arc::as_ref);
         let switched = self.enforcement.is_shadow(&request.domain);
         let plan = plan(domain, request, self.settings, switched);
-        let override_keys = override_keys(&plan, request);
+        let override_keys = override_keys(&plan, request, domain);
         let checks = plan.checks(&override_keys);
         if checks.is_empty() {
             return Ok(self.respond(request, domain, &plan, &[], None));

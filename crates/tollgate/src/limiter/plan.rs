@@ -68,7 +68,11 @@ impl Plan<'_> {
 
 /// Counter keys for descriptors that no rule matched but whose request carries its own
 /// limit (empty for every other descriptor: no allocation in the common case).
-pub(super) fn override_keys(plan: &Plan<'_>, request: &RateLimitRequest) -> Vec<Vec<u8>> {
+pub(super) fn override_keys(
+    plan: &Plan<'_>,
+    request: &RateLimitRequest,
+    domain: Option<&Domain>,
+) -> Vec<Vec<u8>> {
     if plan
         .runs
         .iter()
@@ -82,7 +86,7 @@ pub(super) fn override_keys(plan: &Plan<'_>, request: &RateLimitRequest) -> Vec<
         .zip(&plan.matched)
         .map(|(d, m)| {
             if m.is_none() {
-                values_key(&d.entries)
+                values_key(domain, &d.entries)
             } else {
                 Vec::new()
             }
@@ -242,7 +246,11 @@ fn override_limit(domain: &Domain, d: &Descriptor, o: LimitOverride) -> Option<R
     (
         &*domain.name,
         "override",
-        d.entries.iter().map(|e| &e.0).collect::<Vec<_>>(),
+        d.entries
+            .iter()
+            .map(|e| &e.0)
+            .filter(|k| !names_class(domain, k))
+            .collect::<Vec<_>>(),
         o.unit,
     )
         .hash(&mut h);
@@ -256,14 +264,13 @@ type Entry = (String, String);
 /// (`priority.from`); `None` when the domain has no priority classes or the descriptor
 /// names none (its entries are used as they are).
 fn without_priority<'e>(domain: &Domain, entries: &'e [Entry]) -> Option<Vec<(&'e str, &'e str)>> {
-    let names_class = |k: &String| domain.priority_keys.iter().any(|p| p == k);
-    if domain.priority_keys.is_empty() || !entries.iter().any(|(k, _)| names_class(k)) {
+    if domain.priority_keys.is_empty() || !entries.iter().any(|(k, _)| names_class(domain, k)) {
         return None;
     }
     Some(
         entries
             .iter()
-            .filter(|(k, _)| !names_class(k))
+            .filter(|(k, _)| !names_class(domain, k))
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect(),
     )
@@ -312,13 +319,23 @@ fn counter_key<K, V: AsRef<str>>(domain: &Domain, rule: &Rule, entries: &[(K, V)
     key
 }
 
-fn values_key(entries: &[(String, String)]) -> Vec<u8> {
+/// The counter key of a request's own limit: its entries' keys and values, but for
+/// those that name a priority class (a client varying its class gets no fresh counter).
+fn values_key(domain: Option<&Domain>, entries: &[(String, String)]) -> Vec<u8> {
     let mut key = Vec::new();
     for (k, v) in entries {
+        if domain.is_some_and(|d| names_class(d, k)) {
+            continue;
+        }
         push_part(&mut key, k);
         push_part(&mut key, v);
     }
     key
+}
+
+/// Whether entry key `k` names a priority class in `domain`.
+fn names_class(domain: &Domain, k: &str) -> bool {
+    domain.priority_keys.iter().any(|p| p == k)
 }
 
 fn push_part(key: &mut Vec<u8>, part: &str) {

@@ -132,6 +132,24 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         .collect();
     priority_keys.sort_unstable();
     priority_keys.dedup();
+    // A key that names a class is left out of matching: a rule on it would never match.
+    for rule in &rules {
+        if priority_keys.contains(&rule.key) {
+            let (file, line) = match rule.origin.rsplit_once(':') {
+                Some((f, l)) => (f.to_string(), l.parse().unwrap_or(0)),
+                None => (rule.origin.clone(), 0),
+            };
+            errors.push(ConfigError {
+                file,
+                line,
+                column: 0,
+                message: format!(
+                    "a descriptor on key `{}` would never match: in domain `{name}` that key names a request's priority class (`priority.from`), and is left out of matching",
+                    rule.key
+                ),
+            });
+        }
+    }
     Some(Domain {
         name: name.into(),
         files,
@@ -397,7 +415,7 @@ impl Compiler<'_> {
 /// The classes of `limit`'s `priority`: each the same counter (the same id) with a
 /// window's limit, or a bucket's burst, cut to its share (rounded down; a bucket's rate
 /// stays). Refused: a limit not counted exactly (each instance's leases or counts cannot
-/// keep one counter's classes apart), and a share that leaves a bucket no room.
+/// keep one counter's classes apart), and a lockout (one key for every class).
 fn priority_classes(
     limit: &RuleLimit,
     p: &super::draft::DraftPriority,
@@ -405,10 +423,18 @@ fn priority_classes(
     if limit.limit.consistency() != crate::algorithm::Consistency::Exact
         || limit.limit.scope() == crate::algorithm::Scope::Global
     {
+        let scope = if limit.limit.scope() == crate::algorithm::Scope::Global {
+            "global"
+        } else {
+            "region"
+        };
         return Err(format!(
-            "`priority` needs a limit counted exactly (`consistency: exact`, `scope: region`):              this one is `consistency: {}`",
+            "`priority` needs a limit counted exactly (`consistency: exact`, `scope: region`): this one is `consistency: {}`, `scope: {scope}`",
             limit.limit.consistency().name()
         ));
+    }
+    if !limit.spec.block.is_zero() {
+        return Err("`priority` cannot be combined with `block_duration`: the classes share one counter and one lockout, so a refusal of the lowest class would lock out every class".to_string());
     }
     let id = limit.limit.id();
     let mut classes = Vec::with_capacity(p.classes.len());
