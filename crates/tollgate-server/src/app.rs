@@ -315,6 +315,10 @@ async fn run(args: ServeArgs) -> ExitCode {
     };
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     admin_access.warn_if_open(admin_addr.unwrap_or(http_addr));
+    service.allow_switch(
+        admin_access.token_required(),
+        admin_addr.unwrap_or(http_addr),
+    );
     // Without --admin-listen, the HTTP listener serves every admin endpoint.
     let http_admin = admin_listener.is_none().then(|| admin_access.clone());
 

@@ -95,6 +95,17 @@ pub(crate) async fn show(State(service): State<Arc<Service>>) -> Json<Value> {
 /// shares the switch with every instance. 200 with the switch after; 400 for a body
 /// that says something else.
 pub(crate) async fn switch(State(service): State<Arc<Service>>, request: Request) -> Response {
+    if !service.switch_allowed() {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "the emergency switch needs guarded admin endpoints: set an admin token \
+             (--admin-token-file) or serve them on a loopback --admin-listen",
+        );
+    }
+    // One change at a time on this instance: each reads what the fleet shares, changes
+    // it and writes it back.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let by = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -117,12 +128,23 @@ pub(crate) async fn switch(State(service): State<Arc<Service>>, request: Request
         .map_or(0, |d| d.as_secs());
     let enforcement = service.limiter.enforcement();
     // With a shared switch, the change applies to what the fleet shares (another
-    // instance's switch included), not to this instance's copy of it.
-    let redis = service.limiter.store().redis().cloned();
+    // instance's switch included), not to this instance's copy of it: a switch that
+    // cannot read it is refused rather than overwrite it with a copy that may be stale.
+    let redis = shared_store(&service);
     if let Some(redis) = &redis {
-        if let Ok(Some(text)) = redis.shared_setting(SETTING).await {
-            if let Ok(state) = from_json(&text) {
-                enforcement.replace(state);
+        match redis.shared_setting(SETTING).await {
+            Ok(Some(text)) => match from_json(&text) {
+                Ok(state) => {
+                    enforcement.replace(state);
+                }
+                Err(e) => warn!(error = %e, "the shared enforcement switch in Redis is not readable; this change replaces it"),
+            },
+            Ok(None) => {}
+            Err(e) => {
+                return refused(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the shared switch could not be read from Redis ({e}); nothing was switched: try again"),
+                )
             }
         }
     }
@@ -130,7 +152,8 @@ pub(crate) async fn switch(State(service): State<Arc<Service>>, request: Request
         Ok(state) => state,
         Err(why) => return refused(StatusCode::CONFLICT, why),
     };
-    warn!(domain = %domain, mode = mode.as_str(), by = %by, at_unix, "enforcement switched");
+    let known = domain == "*" || service.limiter.rules().current().domain(&domain).is_some();
+    warn!(domain = %domain, mode = mode.as_str(), by = %by, at_unix, known_domain = known, "enforcement switched");
     service.metrics.enforcement(&state);
     let shown = to_json(&state);
     let shared = match &redis {
@@ -148,9 +171,16 @@ pub(crate) async fn switch(State(service): State<Arc<Service>>, request: Request
     };
     (
         StatusCode::OK,
-        Json(json!({ "enforcement": shown, "shared": shared })),
+        Json(json!({ "enforcement": shown, "shared": shared, "known_domain": known })),
     )
         .into_response()
+}
+
+/// The Redis the switch is shared through: the global store when regions share one (so
+/// that a switch reaches every region), else the instance's own Redis.
+fn shared_store(service: &Service) -> Option<Arc<tollgate::store::RedisStore>> {
+    let store = service.limiter.store();
+    store.global_redis().or(store.redis()).cloned()
 }
 
 /// The domain and mode a switch's body asks for.
@@ -189,13 +219,14 @@ fn refused(status: StatusCode, why: impl Into<String>) -> Response {
 pub(crate) async fn follow(service: Arc<Service>, mut stop: watch::Receiver<bool>) {
     let enforcement: &Arc<Enforcement> = service.limiter.enforcement();
     service.metrics.enforcement(&enforcement.state());
-    let Some(redis) = service.limiter.store().redis().cloned() else {
+    let Some(redis) = shared_store(&service) else {
         return;
     };
     let mut last: Option<Vec<u8>> = None;
     let mut tick = tokio::time::interval(FOLLOW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -204,23 +235,32 @@ pub(crate) async fn follow(service: Arc<Service>, mut stop: watch::Receiver<bool
         if *stop.borrow() {
             return;
         }
+        // A change made here while the read was on its way is newer than what it read.
+        let generation = enforcement.generation();
         let text = match redis.shared_setting(SETTING).await {
             Ok(Some(text)) => text,
             Ok(None) => continue,
             Err(e) => {
-                tracing::debug!(error = %e, "the shared enforcement switch could not be read; read again shortly");
+                if !failing {
+                    warn!(error = %e, "the shared enforcement switch cannot be read from Redis; this instance keeps its own until it can");
+                    failing = true;
+                }
                 continue;
             }
         };
+        if failing {
+            info!("the shared enforcement switch can be read from Redis again");
+            failing = false;
+        }
         if last.as_deref() == Some(&text[..]) {
             continue;
         }
         match from_json(&text) {
             Ok(state) => {
-                if enforcement.replace(state.clone()) {
+                if enforcement.replace_if(generation, state.clone()) {
                     info!(switch = %to_json(&state), "enforcement switch applied, as shared in Redis");
                 }
-                service.metrics.enforcement(&state);
+                service.metrics.enforcement(&enforcement.state());
                 warned = false;
             }
             Err(e) if !warned => {

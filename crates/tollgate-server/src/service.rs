@@ -43,6 +43,9 @@ pub struct Service {
     /// Listeners up (and, on Redis, warm).
     started: AtomicBool,
     draining: AtomicBool,
+    /// Whether `POST /v1/enforcement` may switch (an admin token, or the admin endpoints
+    /// on a loopback listener): see [`allow_switch`](Self::allow_switch).
+    switch_allowed: AtomicBool,
     /// The last [`Readiness`] published to watchers (the gRPC health `Watch`).
     readiness: watch::Sender<Readiness>,
 }
@@ -63,6 +66,7 @@ impl Service {
             dynamic_metadata: false,
             started: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            switch_allowed: AtomicBool::new(false),
             readiness: watch::Sender::new(Readiness::NotReady),
         }
     }
@@ -120,6 +124,20 @@ impl Service {
     }
 
     /// Marks the service draining (SIGTERM): not ready from now on.
+    /// Lets `POST /v1/enforcement` switch when the admin endpoints are guarded: an
+    /// admin token is required (`token`), or they are served on `addr`, a loopback
+    /// address. Otherwise anyone who can ask for a decision could stop every limit of
+    /// the fleet, so the switch answers 403.
+    pub fn allow_switch(&self, token: bool, addr: std::net::SocketAddr) {
+        let allowed = token || addr.ip().to_canonical().is_loopback();
+        self.switch_allowed.store(allowed, Ordering::Release);
+    }
+
+    /// Whether `POST /v1/enforcement` may switch.
+    pub fn switch_allowed(&self) -> bool {
+        self.switch_allowed.load(Ordering::Acquire)
+    }
+
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Release);
         self.refresh();

@@ -291,3 +291,40 @@ http:
     assert_eq!(back.status(), StatusCode::OK);
     assert_eq!(get().await, StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// With admin endpoints anyone can reach (no token, not on loopback), the switch is off:
+/// 403, and nothing is switched.
+#[tokio::test]
+async fn the_switch_is_off_while_the_admin_endpoints_are_open() {
+    let dir = rules("open");
+    let port = free_port();
+    let server = Server::start(&dir, &["--admin-listen", &format!("0.0.0.0:{port}")]).await;
+    let c = Client::new();
+    let admin_url = format!("http://127.0.0.1:{port}");
+    let mut answer = None;
+    for _ in 0..100 {
+        if let Ok(r) = c
+            .post(format!("{admin_url}/v1/enforcement"))
+            .json(&json!({"domain": "api", "mode": "shadow"}))
+            .send()
+            .await
+        {
+            answer = Some((r.status(), r.json::<Value>().await.unwrap()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = answer.expect("the admin listener answers");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("admin token"),
+        "{body}"
+    );
+    for _ in 0..2 {
+        check(&c, &server, "api", "a").await;
+    }
+    assert_eq!(
+        check(&c, &server, "api", "a").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -214,6 +214,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     ));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(addr) = admin_addr {
+        service.allow_switch(admin_access.token_required(), addr);
+    }
     match admin_addr {
         Some(addr) => admin_access.warn_if_open(addr),
         None if admin_access.token_required() => {

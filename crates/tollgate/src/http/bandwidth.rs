@@ -44,8 +44,11 @@ pub enum MeterError {
     #[error("the request body's bytes could not be charged: {0}")]
     Limiter(#[from] crate::limiter::Error),
     /// The client's body failed.
-    #[error("the request body failed: {0}")]
-    Body(axum::Error),
+    #[error("the request body failed")]
+    Body(#[source] axum::Error),
+    /// The body failed before (one of the errors above): nothing more is read.
+    #[error("the request body stopped after an earlier error")]
+    Stopped,
 }
 
 /// What a metered body charges, and where it reports a refusal.
@@ -167,7 +170,7 @@ impl<S: Store + 'static> http_body::Body for MeteredBody<S> {
         let this = self.get_mut();
         loop {
             if this.failed {
-                return Poll::Ready(Some(Err(MeterError::OverLimit)));
+                return Poll::Ready(Some(Err(MeterError::Stopped)));
             }
             if let Some((charging, covers)) = &mut this.charging {
                 let covers = *covers;

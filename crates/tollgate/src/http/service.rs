@@ -268,6 +268,11 @@ async fn decide<S: Store, I: InFlight>(
             let key = inflight_key(&section.domain, &entries);
             match gate.inflight.acquire(&key, limit.limit).await {
                 Ok(Some(permit)) => permits.push(permit),
+                // The emergency switch: a domain in shadow is let through its
+                // concurrency caps too.
+                Ok(None) if gate.limiter.enforcement().is_shadow(&section.domain) => {
+                    tracing::debug!(domain = %section.domain, "over its in-flight cap, let through: the domain is in shadow (emergency switch)");
+                }
                 Ok(None) => return Verdict::Answer(too_many_in_flight(limit.limit)),
                 Err(e) => {
                     // Concurrency limits fail open: the rate limits still apply.

@@ -22,7 +22,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -104,11 +104,14 @@ pub struct Enforcement {
     /// Some domain is in shadow: decisions read the state only then.
     engaged: AtomicBool,
     state: RwLock<EnforcementState>,
+    /// Bumped by every change made here ([`Enforcement::set`]): a copy read from
+    /// elsewhere before a change here must not replace it.
+    generation: AtomicU64,
 }
 
 /// The most domains the switch names one by one; past it, a switch of a further domain
 /// is refused (switch `"*"` instead).
-pub const MAX_SWITCHED_DOMAINS: usize = 10_000;
+pub const MAX_SWITCHED_DOMAINS: usize = 256;
 
 impl Enforcement {
     /// Whether requests of `domain` are answered OK whatever their limits say.
@@ -145,7 +148,27 @@ impl Enforcement {
             at_unix,
         });
         self.engaged.store(state.any_shadow(), Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(state.clone())
+    }
+
+    /// How many changes were made here ([`Enforcement::set`]); see
+    /// [`Enforcement::replace_if`].
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// [`replace`](Self::replace), unless a change was made here since `generation` was
+    /// read (the copy `new`, read before it, would undo it). Returns whether it changed
+    /// anything.
+    pub fn replace_if(&self, generation: u64, new: EnforcementState) -> bool {
+        let mut state = self.state.write();
+        if self.generation.load(Ordering::Acquire) != generation || *state == new {
+            return false;
+        }
+        *state = new;
+        self.engaged.store(state.any_shadow(), Ordering::Release);
+        true
     }
 
     /// Replaces the whole state (one shared by another instance). Returns whether it
