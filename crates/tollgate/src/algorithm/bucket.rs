@@ -182,18 +182,24 @@ impl KeyState {
 
     /// The instant after a charge the bucket could not hold (`charge_rejected`):
     /// `max(stored, now) + delta / rate`, but at most `now + 2 × capacity / rate` (a bucket
-    /// owes at most one bucket, and the scripts' arithmetic stays exact).
+    /// owes at most one bucket, and the scripts' arithmetic stays exact), and never
+    /// earlier than `max(stored, now)`: a charge with a smaller capacity than the one
+    /// that left the bucket where it is (a priority class's, or a limit reloaded with a
+    /// smaller burst) must not hand its tokens back.
     pub(crate) fn charged(&self, now: Nanos, rate: u64, delta: u128, capacity: u128) -> KeyState {
-        let charged = self.at_least(now, rate).advanced(delta, rate);
+        let base = self.at_least(now, rate);
+        let charged = base.advanced(delta, rate);
         let most = KeyState {
             expires_at: now,
             word: 0,
         }
         .advanced(2 * capacity, rate);
-        if charged.scaled_instant(rate) > most.scaled_instant(rate) {
+        if charged.scaled_instant(rate) <= most.scaled_instant(rate) {
+            charged
+        } else if most.scaled_instant(rate) >= base.scaled_instant(rate) {
             most
         } else {
-            charged
+            base
         }
     }
 
@@ -244,6 +250,22 @@ fn div_ceil(n: u128, d: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_charge_with_a_smaller_capacity_never_moves_the_instant_earlier() {
+        // 1 unit per ns (rate 1, window 1): a bucket 100 ahead of now, charged 5 with a
+        // capacity of 30 (cap 60 past now), stays 100 ahead; with a capacity of 100 it
+        // moves to 105; from now, capped at 60.
+        let now = 1_000;
+        let st = KeyState {
+            expires_at: now + 100,
+            word: 0,
+        };
+        assert_eq!(st.charged(now, 1, 5, 30).expires_at, now + 100);
+        assert_eq!(st.charged(now, 1, 5, 100).expires_at, now + 105);
+        let fresh = KeyState::default();
+        assert_eq!(fresh.charged(now, 1, 500, 30).expires_at, now + 60);
+    }
 
     #[test]
     fn scaled_instants_round_trip_exactly() {

@@ -48,13 +48,16 @@ end
 
 -- A bucket's charge that did not fit (CHARGE[4], [5], [6]; `charge_rejected`,
 -- algorithm/*.rs `charge`): the exact instant moves later by the cost, past the
--- bucket's capacity (a debt of at most one bucket: algorithm/bucket.rs `charged`).
+-- bucket's capacity (a debt of at most one bucket: algorithm/bucket.rs `charged`), and
+-- never earlier.
 local function bucket_charge(c, st, cost)
   if c.limit == 0 then return nil end
   local x = bucket_ahead(c, st)
   if x < 0 then x = 0 end
   local new, most = x + cost * c.wr, 2 * c.burst * c.wr
   if new > most then new = most end
+  -- Never earlier than it was (algorithm/bucket.rs `charged`).
+  if new < x then new = x end
   return bucket_state(c, new)
 end
 
