@@ -127,6 +127,9 @@ pub struct Metrics {
     circuit_opened: Counter,
     circuit_open: Gauge,
     enforcement_shadow: Family<DomainLabels, Gauge>,
+    /// The domains `enforcement_shadow` has shown (set to 0 once no longer switched,
+    /// rather than removed while a scrape may be reading).
+    enforcement_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
     scale_out: ScaleOutMetrics,
     connections: Family<ListenerLabels, Gauge>,
     connections_capped: Family<ListenerLabels, Counter>,
@@ -377,6 +380,7 @@ impl Metrics {
             circuit_opened,
             circuit_open,
             enforcement_shadow,
+            enforcement_shown: std::sync::Mutex::default(),
             scale_out,
             connections,
             connections_capped,
@@ -517,19 +521,30 @@ impl Metrics {
     pub fn enforcement(&self, state: &tollgate::limiter::EnforcementState) {
         use tollgate::limiter::Mode;
         let family = &self.enforcement_shadow;
-        family.clear();
         let shadow = |m: Mode| i64::from(m == Mode::Shadow);
-        family
-            .get_or_create(&DomainLabels {
-                domain: "*".to_string(),
-            })
-            .set(shadow(state.all));
-        for (domain, mode) in &state.domains {
+        let set = |domain: &str, value: i64| {
             family
                 .get_or_create(&DomainLabels {
-                    domain: domain.clone(),
+                    domain: domain.to_string(),
                 })
-                .set(shadow(*mode));
+                .set(value);
+        };
+        set("*", shadow(state.all));
+        let Ok(mut shown) = self.enforcement_shown.lock() else {
+            return;
+        };
+        for domain in shown.iter() {
+            if !state.domains.contains_key(domain) {
+                set(domain, shadow(state.all));
+            }
+        }
+        for (domain, mode) in &state.domains {
+            set(domain, shadow(*mode));
+            // The series stay bounded: at most the switch's cap of named domains each
+            // time, and the first ones shown.
+            if shown.len() < 4 * tollgate::limiter::MAX_SWITCHED_DOMAINS {
+                shown.insert(domain.clone());
+            }
         }
     }
 
