@@ -913,6 +913,10 @@ descriptors:
             errors("domain: d\nconsistency: leased\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, overdraft: 2}\n  - key: fine\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, overdraft: 0}\n"),
             ["5:18: `consistency: leased` cannot count this gcra limit: an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
         );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, overdraft: 2}\n"),
+            ["5:18: `consistency: leased` cannot count this token_bucket limit: an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
         // Accepted: the buckets, 0, and the largest.
         for ok in [
             "{unit: second, requests_per_unit: 1, algorithm: token_bucket, overdraft: 0}",
