@@ -328,6 +328,16 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
                 ));
             }
         }
+        if let Some(flag) = want.get_scalar("overdraft") {
+            let wanted = flag.as_str() == "true";
+            if wanted != got.overdraft {
+                out.push(format!(
+                    "status {i}: overdraft {}, expected {}",
+                    got.overdraft,
+                    flag.as_str()
+                ));
+            }
+        }
         if let Some(reset) = n("reset_seconds") {
             if reset != got.reset_after_secs() {
                 out.push(format!(

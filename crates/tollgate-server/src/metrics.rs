@@ -7,6 +7,7 @@
 //! | `tollgate_over_limit_total` | domain, descriptor | hits rejected |
 //! | `tollgate_near_limit_total` | domain, descriptor | hits admitted at or past the near-limit ratio of the limit |
 //! | `tollgate_within_limit_total` | domain, descriptor | hits admitted |
+//! | `tollgate_overdraft_total` | domain, descriptor | hits admitted into debt by a bucket's `overdraft` (counted in `within_limit` too) |
 //! | `tollgate_shadow_mode_total` | domain, descriptor | hits a shadow-mode rule would have rejected |
 //! | `tollgate_decision_duration_seconds` | | histogram of the time to decide a request |
 //! | `tollgate_config_load_success_total`, `tollgate_config_load_error_total` | | rule set loads |
@@ -107,6 +108,7 @@ pub struct Metrics {
     over_limit: Family<RuleLabels, Counter>,
     near_limit: Family<RuleLabels, Counter>,
     within_limit: Family<RuleLabels, Counter>,
+    overdraft: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
     decision_seconds: Histogram,
     config_load_success: Counter,
@@ -168,13 +170,14 @@ enum Slot {
     WithinLimit,
     ShadowMode,
     LocalCache,
+    Overdraft,
 }
 
 /// One rule's label set and its counters, each taken from its family the first time it
 /// counts (so a series appears only once it has counted, as before).
 struct RuleCounters {
     labels: RuleLabels,
-    slots: [OnceLock<Counter>; 6],
+    slots: [OnceLock<Counter>; 7],
 }
 
 impl RuleCounters {
@@ -193,6 +196,7 @@ impl RuleCounters {
             Slot::WithinLimit => &metrics.within_limit,
             Slot::ShadowMode => &metrics.shadow_mode,
             Slot::LocalCache => &metrics.local_cache,
+            Slot::Overdraft => &metrics.overdraft,
         };
         self.slots[slot as usize]
             .get_or_init(|| family.get_or_create(&self.labels).clone())
@@ -222,6 +226,7 @@ impl Metrics {
         let over_limit = Family::<RuleLabels, Counter>::default();
         let near_limit = Family::<RuleLabels, Counter>::default();
         let within_limit = Family::<RuleLabels, Counter>::default();
+        let overdraft = Family::<RuleLabels, Counter>::default();
         let shadow_mode = Family::<RuleLabels, Counter>::default();
         let decision_seconds = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         let config_load_success = Counter::default();
@@ -306,6 +311,11 @@ impl Metrics {
             within_limit.clone(),
         );
         registry.register(
+            "overdraft",
+            "Hits admitted into debt by a bucket's overdraft",
+            overdraft.clone(),
+        );
+        registry.register(
             "shadow_mode",
             "Hits a shadow-mode rule would have rejected",
             shadow_mode.clone(),
@@ -362,6 +372,7 @@ impl Metrics {
             over_limit,
             near_limit,
             within_limit,
+            overdraft,
             shadow_mode,
             decision_seconds,
             config_load_success,
@@ -426,6 +437,9 @@ impl Metrics {
                 rule.inc(self, Slot::OverLimit, hits);
             } else {
                 rule.inc(self, Slot::WithinLimit, hits);
+                if s.overdraft {
+                    rule.inc(self, Slot::Overdraft, hits);
+                }
                 let used = limit.requests_per_unit.saturating_sub(s.remaining) as f64;
                 if limit.requests_per_unit > 0
                     && used >= self.near_limit_ratio * limit.requests_per_unit as f64
@@ -856,6 +870,7 @@ mod tests {
             retry_after: 0,
             delay: 0,
             over_soft_limit: false,
+            overdraft: false,
             shadow: false,
             would_reject: false,
             metric: Some(MetricKey {
@@ -919,6 +934,24 @@ mod tests {
             value(&text, &format!("tollgate_shadow_mode_total{user}")),
             None,
             "never counted"
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_overdraft_total{user}")),
+            None,
+            "never counted"
+        );
+        let (req, mut resp) = decision("user", Code::Ok, 0);
+        resp.statuses[0].overdraft = true;
+        metrics.record(&req, &resp, 0.0);
+        let text = exposition(&metrics);
+        assert_eq!(
+            value(&text, &format!("tollgate_overdraft_total{user}")),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_within_limit_total{user}")),
+            Some(4),
+            "an overdraft is admitted"
         );
 
         // Runtime values in paths (detailed_metric): past the cap, new paths share one

@@ -531,3 +531,50 @@ async fn concurrent_clients_on_one_key_get_exactly_the_limit() {
     }
     assert_eq!(total, 300, "500 concurrent attempts, a limit of 300");
 }
+
+#[tokio::test]
+async fn an_overdraft_is_flagged_in_the_answer_the_header_and_the_metrics() {
+    let dir = tempdir("overdraft");
+    std::fs::write(
+        dir.join("od.yaml"),
+        "domain: od\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket, burst: 2, overdraft: 2, name: per_tenant}\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &[]).await;
+    let c = Client::new();
+    let req = json!({"domain": "od", "descriptors": [{"tenant": "t1"}]});
+    for i in 0..5 {
+        let r = check(&c, &s, req.clone()).await;
+        let header = r
+            .headers()
+            .get("tollgate-overdraft")
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        let d = &body["descriptors"][0];
+        match i {
+            0 | 1 => {
+                assert_eq!(status, StatusCode::OK, "{i}");
+                assert_eq!(d["overdraft"], false, "{i}: {body}");
+                assert_eq!(header, None, "{i}");
+            }
+            2 | 3 => {
+                assert_eq!(status, StatusCode::OK, "{i}");
+                assert_eq!(d["overdraft"], true, "{i}: {body}");
+                assert_eq!(d["remaining"], 0, "{i}: {body}");
+                assert_eq!(header.as_deref(), Some("\"per_tenant\""), "{i}");
+            }
+            _ => {
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{i}");
+                assert_eq!(header, None, "{i}");
+            }
+        }
+    }
+    let text = s.get_text("/metrics").await;
+    for needle in [
+        "tollgate_overdraft_total{domain=\"od\",descriptor=\"tenant\"} 2",
+        "tollgate_within_limit_total{domain=\"od\",descriptor=\"tenant\"} 4",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in:\n{text}");
+    }
+}

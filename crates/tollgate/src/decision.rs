@@ -23,6 +23,9 @@ pub struct Decision {
     /// True when a store answered this rejection from its local cache of keys known to
     /// be over their limit (see the Redis store), without asking its backend.
     pub from_cache: bool,
+    /// An admission that left the bucket in debt: a token bucket or GCRA with an
+    /// `overdraft` admitted a request its tokens did not cover (`remaining` is 0).
+    pub overdraft: bool,
 }
 
 /// [`Decision::retry_after`] of a request that can never pass: its cost exceeds what the
@@ -40,6 +43,7 @@ impl Decision {
             retry_after: 0,
             delay: 0,
             from_cache: false,
+            overdraft: false,
         }
     }
 
@@ -53,6 +57,7 @@ impl Decision {
             retry_after,
             delay: 0,
             from_cache: false,
+            overdraft: false,
         }
     }
 

@@ -2,7 +2,9 @@
 //! IETF draft fields (draft-ietf-httpapi-ratelimit-headers-10) `RateLimit-Policy` and
 //! `RateLimit`, one list item per policy (see below); `Retry-After` on OVER_LIMIT;
 //! optionally the legacy `X-RateLimit-Limit/Remaining/Reset`, and envoyproxy/ratelimit's
-//! `RateLimit-Limit/Remaining/Reset` (its `LIMIT_RESPONSE_HEADERS_ENABLED`).
+//! `RateLimit-Limit/Remaining/Reset` (its `LIMIT_RESPONSE_HEADERS_ENABLED`); and
+//! `Tollgate-Overdraft` when a bucket admitted the request into debt (its `overdraft`):
+//! a structured-field list of the policies that did, named as in `RateLimit-Policy`.
 //!
 //! A policy is a distinct (name, quota, window): the limited descriptors that share
 //! all three (one rule's limit, for several values of its key, say) make one item, and
@@ -323,6 +325,9 @@ pub fn headers(
             out.push(("Retry-After", number(secs.max(1))));
         }
     }
+    if let Some(names) = overdraft_field(response) {
+        out.push(("Tollgate-Overdraft", names));
+    }
     if settings.legacy {
         // The most restrictive descriptor: over the limit first, then least remaining.
         let tightest = limited(response)
@@ -337,6 +342,27 @@ pub fn headers(
         }
     }
     out
+}
+
+/// The `Tollgate-Overdraft` value: the names of the policies that admitted the request
+/// into debt, each once, as a structured-field list of strings, at most
+/// [`MAX_FIELD_BYTES`] (the first that fit); `None` when no descriptor is in overdraft.
+fn overdraft_field(response: &RateLimitResponse) -> Option<String> {
+    let mut out = String::new();
+    let mut name = String::new();
+    for (i, s) in limited(response).filter(|(_, s)| s.overdraft) {
+        name.clear();
+        push_policy_name(&mut name, i, s);
+        let seen = out.split(", ").any(|n| n == name);
+        if seen || out.len() + 2 + name.len() > MAX_FIELD_BYTES {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&name);
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Appends `fields` (as [`headers`] returns them) to an HTTP header map; the strings
@@ -363,6 +389,7 @@ fn header_name(name: &'static str) -> http::HeaderName {
     const ENVOY_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
     const ENVOY_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
     const ENVOY_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+    const OVERDRAFT: HeaderName = HeaderName::from_static("tollgate-overdraft");
     const OTHER: HeaderName = HeaderName::from_static("x-tollgate");
     match name {
         "RateLimit-Policy" => RATELIMIT_POLICY,
@@ -374,6 +401,7 @@ fn header_name(name: &'static str) -> http::HeaderName {
         "RateLimit-Limit" => ENVOY_LIMIT,
         "RateLimit-Remaining" => ENVOY_REMAINING,
         "RateLimit-Reset" => ENVOY_RESET,
+        "Tollgate-Overdraft" => OVERDRAFT,
         _ => OTHER,
     }
 }
@@ -586,6 +614,7 @@ mod tests {
             retry_after: retry_s * 1_000_000_000,
             delay: 0,
             over_soft_limit: false,
+            overdraft: false,
             shadow: false,
             would_reject: false,
             metric: Some(MetricKey {
@@ -633,6 +662,34 @@ mod tests {
                 ("X-RateLimit-Reset", "50".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn an_overdraft_names_its_policies_once() {
+        let mut a = status(Some("per_user"), Code::Ok, 0, 30, 0);
+        a.overdraft = true;
+        let mut b = status(Some("per\"ip"), Code::Ok, 0, 30, 0);
+        b.overdraft = true;
+        let r = RateLimitResponse {
+            overall: Code::Ok,
+            store_failure: None,
+            statuses: vec![a.clone(), status(Some("calm"), Code::Ok, 3, 30, 0), b, a],
+        };
+        let h = headers(&r, HeaderSettings::default());
+        assert_eq!(
+            h.last(),
+            Some(&(
+                "Tollgate-Overdraft",
+                "\"per_user\", \"per\\\"ip\"".to_string()
+            ))
+        );
+        let calm = RateLimitResponse {
+            overall: Code::Ok,
+            store_failure: None,
+            statuses: vec![status(Some("calm"), Code::Ok, 3, 30, 0)],
+        };
+        let h = headers(&calm, HeaderSettings::default());
+        assert!(h.iter().all(|(n, _)| *n != "Tollgate-Overdraft"));
     }
 
     #[test]

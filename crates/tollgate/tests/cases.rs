@@ -1,4 +1,5 @@
-//! The worked cases of `tests/cases/tollgate/` that need only the algorithms (one
+//! The worked cases of `tests/cases/tollgate/` (and the project's overdraft cases) that
+//! need only the algorithms (one
 //! descriptor, one entry, one limit), run on the in-memory store with a manual clock.
 //!
 //! The full rule engine runs every case file through `tollgate conformance`; this test
@@ -17,12 +18,15 @@ use tollgate::algorithm::{
 use tollgate::clock::{secs_f64_to_nanos, Clock, ManualClock, NANOS_PER_SEC};
 use tollgate::store::{Check, MemoryStore};
 
-const ALGORITHM_ONLY: [&str; 5] = [
+const ALGORITHM_ONLY: [&str; 7] = [
     "01-token-bucket.yaml",
     "02-gcra.yaml",
     "03-sliding-window.yaml",
     "04-sliding-log.yaml",
     "06-lockout.yaml",
+    // The project's own (tests/cases/project/), beside the shared ones.
+    "../project/19-overdraft.yaml",
+    "../project/20-overdraft-gcra.yaml",
 ];
 
 fn cases_dir() -> PathBuf {
@@ -70,6 +74,7 @@ fn limit_of(config: &Value) -> (String, Limit, String) {
     let n = field(rl, "requests_per_unit").unwrap().as_u64().unwrap();
     let window = Duration::from_secs(unit_seconds(&unit));
     let burst = field(rl, "burst").and_then(Value::as_u64).unwrap_or(n);
+    let overdraft = field(rl, "overdraft").and_then(Value::as_u64).unwrap_or(0);
     let algorithm = match field(rl, "algorithm")
         .and_then(Value::as_str)
         .unwrap_or("fixed_window")
@@ -77,8 +82,16 @@ fn limit_of(config: &Value) -> (String, Limit, String) {
         "fixed_window" => Algorithm::FixedWindow(FixedWindow::new(n, window)),
         "sliding_window" => Algorithm::SlidingWindow(SlidingWindow::new(n, window)),
         "sliding_log" => Algorithm::SlidingLog(SlidingLog::new(n, window)),
-        "token_bucket" => Algorithm::TokenBucket(TokenBucket::new(n, window).with_burst(burst)),
-        "gcra" => Algorithm::Gcra(Gcra::new(n, window).with_burst(burst)),
+        "token_bucket" => Algorithm::TokenBucket(
+            TokenBucket::new(n, window)
+                .with_burst(burst)
+                .with_overdraft(overdraft),
+        ),
+        "gcra" => Algorithm::Gcra(
+            Gcra::new(n, window)
+                .with_burst(burst)
+                .with_overdraft(overdraft),
+        ),
         "leaky_bucket" => {
             Algorithm::LeakyBucket(LeakyBucket::new(n, window, LeakyMode::Meter).with_burst(burst))
         }
@@ -149,6 +162,11 @@ fn run_case(file: &str) -> Vec<String> {
             if let Some(rem) = expect_u64("remaining") {
                 if rem != d.remaining {
                     failures.push(format!("{at}: remaining {}, expected {rem}", d.remaining));
+                }
+            }
+            if let Some(flag) = field(&status, "overdraft").and_then(Value::as_bool) {
+                if flag != d.overdraft {
+                    failures.push(format!("{at}: overdraft {}, expected {flag}", d.overdraft));
                 }
             }
             if let Some(reset) = expect_u64("reset_seconds") {

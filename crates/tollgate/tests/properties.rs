@@ -151,8 +151,8 @@ proptest! {
         limit in 1u64..20, burst in 1u64..30, window in windows(),
         tr in windows().prop_flat_map(|w| trace(w, 4)),
     ) {
-        let tb = TokenBucket { limit, window, burst };
-        let gcra = Gcra { limit, window, burst };
+        let tb = TokenBucket { limit, window, burst, overdraft: 0 };
+        let gcra = Gcra { limit, window, burst, overdraft: 0 };
         let meter = LeakyBucket { limit, window, burst, mode: LeakyMode::Meter };
         let mut reference = ReferenceBucket::new(limit, window, burst);
         let (mut a, mut b, mut c) = (KeyState::default(), KeyState::default(), KeyState::default());
@@ -171,6 +171,43 @@ proptest! {
             }
         }
         assert_bucket_bound(&adm, limit, window, burst);
+    }
+
+    #[test]
+    fn an_overdraft_admits_as_a_bigger_burst_and_reports_against_the_burst(
+        limit in 1u64..20, burst in 1u64..30, overdraft in 0u64..10, window in windows(),
+        tr in windows().prop_flat_map(|w| trace(w, 4)),
+    ) {
+        // A bucket of `burst` with overdraft D admits exactly what a bucket of
+        // `burst + D` admits (so never more than burst + D + refill over any interval);
+        // it reports what is left against `burst` alone, and flags the admissions that
+        // left it in debt.
+        let bigger = burst + overdraft;
+        let tb = TokenBucket::new(limit, Duration::from_nanos(window)).with_burst(burst).with_overdraft(overdraft);
+        let gcra = Gcra::new(limit, Duration::from_nanos(window)).with_burst(burst).with_overdraft(overdraft);
+        let plain = TokenBucket::new(limit, Duration::from_nanos(window)).with_burst(bigger);
+        let (mut a, mut b, mut c) = (KeyState::default(), KeyState::default(), KeyState::default());
+        let mut now = START;
+        let mut adm = Vec::new();
+        for &(gap, cost) in &tr {
+            now += gap;
+            let (da, db, dp) = (tb.check(&mut a, now, cost), gcra.check(&mut b, now, cost), plain.check(&mut c, now, cost));
+            prop_assert_eq!(da.allowed, dp.allowed, "token bucket vs a burst of {} at {}", bigger, now);
+            prop_assert_eq!(db.allowed, dp.allowed, "gcra vs a burst of {} at {}", bigger, now);
+            prop_assert_eq!(da.remaining, dp.remaining.saturating_sub(overdraft));
+            prop_assert_eq!(db.remaining, da.remaining);
+            prop_assert_eq!((da.reset_after, da.retry_after), (dp.reset_after, dp.retry_after));
+            let flagged = dp.allowed && cost > 0 && dp.remaining < overdraft;
+            prop_assert_eq!(da.overdraft, flagged);
+            prop_assert_eq!(db.overdraft, flagged);
+            if da.overdraft {
+                prop_assert_eq!(da.remaining, 0);
+            }
+            if da.allowed {
+                adm.push((now, cost));
+            }
+        }
+        assert_bucket_bound(&adm, limit, window, bigger);
     }
 
     #[test]
@@ -214,8 +251,8 @@ proptest! {
             0 => Box::new(move |s, t, c| FixedWindow { limit, window }.check(&mut s.key, t, c)),
             1 => Box::new(move |s, t, c| SlidingWindow { limit, window }.check(&mut s.window, t, c)),
             2 => Box::new(move |s, t, c| SlidingLog { limit, window }.check(&mut s.log, t, c)),
-            3 => Box::new(move |s, t, c| TokenBucket { limit, window, burst }.check(&mut s.key, t, c)),
-            4 => Box::new(move |s, t, c| Gcra { limit, window, burst }.check(&mut s.key, t, c)),
+            3 => Box::new(move |s, t, c| TokenBucket { limit, window, burst, overdraft: 0 }.check(&mut s.key, t, c)),
+            4 => Box::new(move |s, t, c| Gcra { limit, window, burst, overdraft: 0 }.check(&mut s.key, t, c)),
             _ => Box::new(move |s, t, c| LeakyBucket { limit, window, burst, mode: LeakyMode::Queue }.check(&mut s.key, t, c)),
         };
         let mut now = START;

@@ -124,23 +124,35 @@ fn limit() -> impl Strategy<Value = Limit> {
     // Small limits reach their edges within a trace; large ones (up to 20,000 a day)
     // exercise the scripts' wide arithmetic.
     let n = prop_oneof![3 => 0u64..12, 1 => 1_000u64..20_000];
-    (0u8..7, n, window(), 1u64..15, any::<bool>()).prop_map(|(alg, n, w, burst, lock)| {
-        let algorithm = match alg {
-            0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
-            1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
-            2 => Algorithm::SlidingLog(SlidingLog::new(n, w)),
-            3 => Algorithm::TokenBucket(TokenBucket::new(n, w).with_burst(burst)),
-            4 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst)),
-            5 => Algorithm::LeakyBucket(LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst)),
-            _ => Algorithm::LeakyBucket(LeakyBucket::new(n, w, LeakyMode::Queue).with_burst(burst)),
-        };
-        let l = Limit::new(algorithm).unwrap();
-        if lock {
-            l.with_lockout(Duration::from_secs(5))
-        } else {
-            l
-        }
-    })
+    // A third of the token buckets and GCRAs may go into debt (`overdraft`).
+    let overdraft = prop_oneof![2 => Just(0u64), 1 => 1u64..10];
+    (0u8..7, n, window(), 1u64..15, overdraft, any::<bool>()).prop_map(
+        |(alg, n, w, burst, over, lock)| {
+            let algorithm = match alg {
+                0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
+                1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
+                2 => Algorithm::SlidingLog(SlidingLog::new(n, w)),
+                3 => Algorithm::TokenBucket(
+                    TokenBucket::new(n, w)
+                        .with_burst(burst)
+                        .with_overdraft(over),
+                ),
+                4 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst).with_overdraft(over)),
+                5 => Algorithm::LeakyBucket(
+                    LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst),
+                ),
+                _ => Algorithm::LeakyBucket(
+                    LeakyBucket::new(n, w, LeakyMode::Queue).with_burst(burst),
+                ),
+            };
+            let l = Limit::new(algorithm).unwrap();
+            if lock {
+                l.with_lockout(Duration::from_secs(5))
+            } else {
+                l
+            }
+        },
+    )
 }
 
 /// `Req::advance` meaning "to the next whole hour".
@@ -415,7 +427,9 @@ fn batched_calls_decide_exactly_what_the_in_memory_store_decides() {
                                 let retry = if v[3] < 0 { NEVER } else { ns(v[3]) };
                                 Decision::reject(c.limit.limit(), ns(v[1]), ns(v[2]), retry)
                             };
-                            d.delay = ns(v[4]);
+                            // A delay of -1 flags an overdraft admission.
+                            d.overdraft = v[0] == 1 && v[4] == -1;
+                            d.delay = if d.overdraft { 0 } else { ns(v[4]) };
                             d
                         })
                         .collect();
@@ -553,8 +567,8 @@ fn coarse_ticks_admit_the_same_and_round_durations_up_to_the_tick() {
         let a = match alg {
             0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
             1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
-            2 => Algorithm::TokenBucket(TokenBucket::new(n, w)),
-            _ => Algorithm::Gcra(Gcra::new(n, w)),
+            2 => Algorithm::TokenBucket(TokenBucket::new(n, w).with_overdraft(n % 4)),
+            _ => Algorithm::Gcra(Gcra::new(n, w).with_overdraft(n % 4)),
         };
         Limit::new(a).unwrap()
     });
@@ -575,8 +589,8 @@ fn coarse_ticks_admit_the_same_and_round_durations_up_to_the_tick() {
                 let want = memory.check_all(now, &checks)[0];
                 let got = rt.block_on(redis.check(now, &checks)).unwrap()[0];
                 prop_assert_eq!(
-                    (got.allowed, got.remaining),
-                    (want.allowed, want.remaining),
+                    (got.allowed, got.remaining, got.overdraft),
+                    (want.allowed, want.remaining, want.overdraft),
                     "{:?}",
                     limit
                 );

@@ -849,6 +849,86 @@ descriptors:
     }
 
     #[test]
+    fn an_overdraft_admits_into_debt_and_flags_it_until_repaid() {
+        let (l, clock) = limiter("domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 5, overdraft: 3}\n");
+        let statuses: Vec<_> = (0..9)
+            .map(|_| l.check_now(&req("o", &[("k", "v")])).unwrap().statuses[0].clone())
+            .collect();
+        for (i, s) in statuses.iter().enumerate() {
+            match i {
+                0..=4 => assert!(
+                    s.code == Code::Ok && !s.overdraft && s.remaining == 4 - i as u64,
+                    "{i}: {s:?}"
+                ),
+                5..=7 => assert!(
+                    s.code == Code::Ok && s.overdraft && s.remaining == 0,
+                    "{i}: {s:?}"
+                ),
+                _ => assert!(s.code == Code::OverLimit && !s.overdraft, "{i}: {s:?}"),
+            }
+        }
+        // Full again 800 ms later: 5 tokens plus the debt of 3.
+        assert_eq!(statuses[7].reset_after, 800_000_000);
+        clock.advance(Duration::from_millis(300));
+        let s = &l.check_now(&req("o", &[("k", "v")])).unwrap().statuses[0];
+        assert!(
+            s.code == Code::Ok && s.overdraft,
+            "debt repaid, the bucket empty: {s:?}"
+        );
+        clock.advance(Duration::from_millis(200));
+        let s = &l.check_now(&req("o", &[("k", "v")])).unwrap().statuses[0];
+        assert!(
+            s.code == Code::Ok && !s.overdraft && s.remaining == 0,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn overdraft_is_checked() {
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, overdraft: 5}\n"),
+            ["4:65: `overdraft` applies only to token_bucket and gcra (a bucket that may go into debt)"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky_bucket, overdraft: 5}\n"),
+            ["4:90: `overdraft` applies only to token_bucket and gcra (a bucket that may go into debt)"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra, overdraft: -1}\n"),
+            ["4:82: `overdraft` must be a whole number from 0 to 4294967295, got `-1`"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra, overdraft: 2.5}\n"),
+            ["4:82: `overdraft` must be a whole number from 0 to 4294967295, got `2.5`"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 50, overdraft: 60}\n"),
+            ["4:99: a bucket of 50 with an overdraft of 60 refilling 1 per year takes more than 100 years to repay and refill: make `burst` + `overdraft` at most 100 (its state is an instant, kept exact within a century)"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, overdraft: 1}\n"),
+            ["4:46: an `unlimited` rate limit cannot also have an `overdraft`"]
+        );
+        assert_eq!(
+            errors("domain: d\nconsistency: leased\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, overdraft: 2}\n  - key: fine\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, overdraft: 0}\n"),
+            ["5:18: `consistency: leased` cannot count this gcra limit: an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, overdraft: 2}\n"),
+            ["5:18: `consistency: leased` cannot count this token_bucket limit: an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+        // Accepted: the buckets, 0, and the largest.
+        for ok in [
+            "{unit: second, requests_per_unit: 1, algorithm: token_bucket, overdraft: 0}",
+            "{unit: minute, requests_per_unit: 60, algorithm: gcra, burst: 10, overdraft: 30}",
+            "{unit: second, requests_per_unit: 1000, algorithm: gcra, overdraft: 4294967295}",
+        ] {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {ok}\n");
+            assert!(from_str("f.yaml", &text).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
     fn soft_throttling_admits_the_overage_and_flags_it() {
         let (l, _) = limiter("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, overage_percent: 50}\n");
         let results: Vec<_> = (0..16)

@@ -399,6 +399,7 @@ fn render(response: &RateLimitResponse) -> Value {
                 "retry_after_seconds": s.retry_after_secs(),
                 "delay_ms": s.delay / (NANOS_PER_SEC / 1000),
                 "over_soft_limit": s.over_soft_limit,
+                "overdraft": s.overdraft,
                 "shadow": s.shadow,
             })
         })

@@ -250,6 +250,7 @@ mod tests {
                     retry_after,
                     delay: 0,
                     over_soft_limit: false,
+                    overdraft: false,
                     shadow: false,
                     would_reject: false,
                     metric: path.map(|p| MetricKey {

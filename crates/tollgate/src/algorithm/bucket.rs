@@ -15,6 +15,17 @@
 //! and `retry_after = ceil((ahead + need − capacity) / limit)` (never when `cost > burst`).
 //! A charge the bucket could not hold (`charge_rejected`) moves the instant past the
 //! capacity, a debt of at most one bucket ([`KeyState::charged`]).
+//!
+//! **Overdraft** (token bucket and GCRA; 0 for the leaky bucket): with an overdraft of
+//! `D` units the bucket may go `D` units into debt. The fit test uses the *tolerance*
+//! `tolerance = (burst + D) × window` instead of the capacity: a request fits iff
+//! `filled + need ≤ tolerance`. What is reported stays against the capacity:
+//! `remaining = floor(max(0, capacity − after) / window)` (0 while in debt) and
+//! `reset_after = ceil(after / limit)` (until full again, the debt included). An
+//! admission of a cost above 0 that leaves `after > capacity` is an *overdraft admission*
+//! ([`Decision::overdraft`]). A rejection reports as above, `retry_after =
+//! ceil((ahead + need − tolerance) / limit)`, [`NEVER`] when `cost > burst + D`. A charge
+//! the bucket could not hold stops at two tolerances past now.
 
 use super::KeyState;
 use crate::clock::Nanos;
@@ -27,6 +38,8 @@ pub(crate) struct Bucket {
     /// At least 1 ns.
     window: Nanos,
     burst: u64,
+    /// The debt the bucket may run into, in units (0: none).
+    overdraft: u64,
 }
 
 /// What a bucket holding a debt (past its capacity, after a charge it could not hold)
@@ -48,7 +61,20 @@ impl Bucket {
             limit,
             window: window.max(1),
             burst,
+            overdraft: 0,
         }
+    }
+
+    /// Lets the bucket go `overdraft` units into debt (see the module documentation).
+    pub(crate) fn with_overdraft(mut self, overdraft: u64) -> Self {
+        self.overdraft = overdraft;
+        self
+    }
+
+    /// `(burst + overdraft) × window`: how far ahead of now an admission may leave the
+    /// instant.
+    fn tolerance(&self) -> u128 {
+        (self.burst as u128 + self.overdraft as u128) * self.window as u128
     }
 
     /// Charges `cost` at `now` whether it fits or not (`charge_rejected`): the instant
@@ -59,7 +85,7 @@ impl Bucket {
             return;
         }
         let w = self.window as u128;
-        *state = state.charged(now, self.limit, cost as u128 * w, self.burst as u128 * w);
+        *state = state.charged(now, self.limit, cost as u128 * w, self.tolerance());
     }
 
     /// Gives back `units` of a lease whose charge left the bucket at `charged` (leased
@@ -105,30 +131,33 @@ impl Bucket {
             .scaled_instant(limit)
             .saturating_sub(now as u128 * limit as u128);
         let capacity = self.burst as u128 * w as u128;
+        let tolerance = self.tolerance();
         let need = cost as u128 * w as u128;
         let filled = match debt {
             Debt::Rejects => ahead,
-            Debt::Empties => ahead.min(capacity),
+            Debt::Empties => ahead.min(tolerance),
         };
-        // `filled + need ≤ capacity`, without a sum that could pass u128::MAX.
-        if filled <= capacity && need <= capacity - filled {
+        // `filled + need ≤ tolerance`, without a sum that could pass u128::MAX.
+        if filled <= tolerance && need <= tolerance - filled {
             let after = filled + need;
             if cost > 0 {
-                // A cost fits only a bucket without debt: `filled` is `ahead`.
+                // A cost fits only a bucket within its tolerance: `filled` is `ahead`.
                 *state = state.at_least(now, limit).advanced(need, limit);
             }
-            let decision = Decision::allow(
+            let mut decision = Decision::allow(
                 limit,
-                floor_div(capacity - after, w),
+                floor_div(capacity.saturating_sub(after), w),
                 ceil_div_nanos(after, limit),
             );
+            decision.overdraft = cost > 0 && after > capacity;
             return (decision, ahead);
         }
-        // A cost above the burst never fits; the answer still says what is left.
-        let retry = if cost > self.burst {
+        // A cost above the burst (and overdraft) never fits; the answer still says what
+        // is left.
+        let retry = if cost as u128 > self.burst as u128 + self.overdraft as u128 {
             NEVER
         } else {
-            ceil_div_nanos(ahead + need - capacity, limit)
+            ceil_div_nanos(ahead + need - tolerance, limit)
         };
         let decision = Decision::reject(
             limit,

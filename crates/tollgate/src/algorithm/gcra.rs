@@ -17,6 +17,15 @@
 //! `reset_after = ceil((tat - t) / limit)`; a rejection may retry after
 //! `ceil((tat + increment - tolerance) / limit) - now`.
 //!
+//! **Overdraft.** With `overdraft = D` the tolerance grows by `D` emission intervals:
+//! `tolerance = (burst + D) × window`, and a request passes iff
+//! `max(tat, t) + increment - t <= tolerance`, exactly as a
+//! [`TokenBucket`](super::TokenBucket) with the same overdraft. An admission that leaves
+//! `tat - t > burst × window` (past the burst: a debt) is flagged
+//! ([`Decision::overdraft`]) and reports `remaining = 0`;
+//! `remaining = floor(max(0, t + burst × window - tat) / window)` stays 0 until `now` has
+//! caught up with the debt. A cost above `burst + D` can never pass.
+//!
 //! **Example** (`tests/cases/tollgate/02-gcra.yaml`). 10 per second, burst 5: five pass
 //! at once, then one every 100 ms.
 //! ```
@@ -41,7 +50,7 @@ use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
 
 /// GCRA parameters: `limit` per `window`, bursts of up to `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
     /// Sustained rate: cost units per window.
     pub limit: u64,
@@ -49,6 +58,22 @@ pub struct Gcra {
     pub window: Nanos,
     /// Largest cost admitted at once from a rested key (default `limit`).
     pub burst: u64,
+    /// How many units the bucket may go into debt (default 0: none); see the module
+    /// documentation's "Overdraft".
+    pub overdraft: u64,
+}
+
+/// Hashed as its fields, `overdraft` only when set: a limit without overdraft keeps the
+/// default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
+impl std::hash::Hash for Gcra {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.limit.hash(state);
+        self.window.hash(state);
+        self.burst.hash(state);
+        if self.overdraft > 0 {
+            self.overdraft.hash(state);
+        }
+    }
 }
 
 impl Gcra {
@@ -58,12 +83,20 @@ impl Gcra {
             limit,
             window: nanos(window),
             burst: limit,
+            overdraft: 0,
         }
     }
 
     /// Sets the burst.
     pub fn with_burst(mut self, burst: u64) -> Self {
         self.burst = burst;
+        self
+    }
+
+    /// Lets a key go `overdraft` units into debt once its bucket is empty (see the
+    /// module documentation's "Overdraft").
+    pub fn with_overdraft(mut self, overdraft: u64) -> Self {
+        self.overdraft = overdraft;
         self
     }
 
@@ -77,7 +110,10 @@ impl Gcra {
     /// Decides a request of `cost` at `now`, charging `state` if it passes.
     pub fn check(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         let (mut d, _) = self.bucket().check(state, now, cost, Debt::Rejects);
-        if !d.allowed && self.limit > 0 && cost <= self.burst {
+        if !d.allowed
+            && self.limit > 0
+            && u128::from(cost) <= u128::from(self.burst) + u128::from(self.overdraft)
+        {
             // The retry is the instant `tat + increment - tolerance` less now, and an
             // instant stops at u64::MAX ns.
             d.retry_after = d.retry_after.min(Nanos::MAX - now);
@@ -99,7 +135,7 @@ impl Gcra {
 
     /// The shared bucket: `tat` is its instant, the tolerance its capacity.
     fn bucket(&self) -> Bucket {
-        Bucket::new(self.limit, self.window, self.burst)
+        Bucket::new(self.limit, self.window, self.burst).with_overdraft(self.overdraft)
     }
 }
 
@@ -142,6 +178,28 @@ mod tests {
         assert!(d.can_never_pass());
         assert_eq!((d.remaining, d.reset_after), (4, 100_000_000));
         assert_eq!(st, before, "nothing charged");
+    }
+
+    #[test]
+    fn an_overdraft_grows_the_tolerance_and_flags_the_debt() {
+        let g = Gcra::new(10, Duration::from_secs(1))
+            .with_burst(2)
+            .with_overdraft(1);
+        let mut st = KeyState::default();
+        assert!(!g.check(&mut st, S, 2).overdraft);
+        let d = g.check(&mut st, S, 1);
+        assert!(d.allowed && d.overdraft);
+        assert_eq!((d.remaining, d.reset_after), (0, 300_000_000));
+        let d = g.check(&mut st, S, 1);
+        assert_eq!((d.allowed, d.retry_after), (false, 100_000_000));
+        assert!(g.check(&mut st, S, 4).can_never_pass());
+        // Repaid at exactly 100 ms: then 1 is left again after 200 ms.
+        assert_eq!(g.check(&mut st, S + 100_000_000, 0).remaining, 0);
+        assert_eq!(g.check(&mut st, S + 199_999_999, 0).remaining, 0);
+        assert_eq!(g.check(&mut st, S + 200_000_000, 0).remaining, 1);
+        // Within the debt's repayment, a request of 1 is admitted and flagged again.
+        let d = g.check(&mut st, S + 100_000_000, 1);
+        assert!(d.allowed && d.overdraft);
     }
 
     #[test]

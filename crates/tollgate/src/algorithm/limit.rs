@@ -184,8 +184,9 @@ impl Limit {
     /// Why this limit cannot be counted as its [`Consistency`] says, if it cannot:
     /// leases and synced counts need a limit whose room is one number (the fixed
     /// window, and the token bucket, GCRA and leaky bucket as meters), no lockout (it
-    /// is started by one shared rejection) and no queue (its delay is decided on the
-    /// shared state).
+    /// is started by one shared rejection), no queue (its delay is decided on the
+    /// shared state) and no overdraft (each admission into debt is decided and flagged
+    /// on the shared state).
     pub fn consistency_conflict(&self) -> Option<&'static str> {
         if self.consistency == Consistency::Exact {
             return None;
@@ -198,6 +199,12 @@ impl Limit {
             }
             _ if self.lockout.is_some() => {
                 Some("a lockout (`block_duration`) starts on one shared rejection")
+            }
+            Algorithm::TokenBucket(super::TokenBucket { overdraft, .. })
+            | Algorithm::Gcra(super::Gcra { overdraft, .. })
+                if overdraft > 0 =>
+            {
+                Some("an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep")
             }
             _ => None,
         }
@@ -390,6 +397,32 @@ mod tests {
             Limit::new(Algorithm::SlidingWindow(a)),
             Err(InvalidLimit::SlidingWindowTooLarge(_))
         ));
+    }
+
+    #[test]
+    fn an_overdraft_cannot_be_leased_or_synced() {
+        let tb = TokenBucket::new(10, Duration::from_secs(1)).with_overdraft(3);
+        let exact = Limit::new(Algorithm::TokenBucket(tb)).unwrap();
+        assert_eq!(exact.consistency_conflict(), None);
+        for c in [
+            Consistency::Leased { period: 1 },
+            Consistency::Synced { interval: 1 },
+        ] {
+            assert!(exact.with_consistency(c).consistency_conflict().is_some());
+            let g = Gcra::new(10, Duration::from_secs(1)).with_overdraft(1);
+            let g = Limit::new(Algorithm::Gcra(g)).unwrap().with_consistency(c);
+            assert!(g.consistency_conflict().is_some());
+            let plain = Limit::new(Algorithm::TokenBucket(tb.with_overdraft(0))).unwrap();
+            assert_eq!(plain.with_consistency(c).consistency_conflict(), None);
+        }
+    }
+
+    #[test]
+    fn an_overdraft_is_part_of_the_default_id() {
+        let a = Limit::new(Algorithm::Gcra(Gcra::new(10, Duration::from_secs(1)))).unwrap();
+        let b = Gcra::new(10, Duration::from_secs(1)).with_overdraft(2);
+        let b = Limit::new(Algorithm::Gcra(b)).unwrap();
+        assert_ne!(a.id(), b.id());
     }
 
     #[test]

@@ -15,6 +15,36 @@
 //! `full_at = now + (capacity - (tokens - need)) / limit`. `remaining = floor(tokens / window)`
 //! after the charge; a rejection may retry after `ceil((need - tokens) / limit)`.
 //!
+//! **Overdraft.** With `overdraft = D` (a rule file's `overdraft`), an empty bucket
+//! still admits until it owes `D` tokens: a request passes iff `tokens − cost ≥ −D`,
+//! in the units above `need ≤ tokens + D × window` where
+//! `tokens = capacity − min(tolerance, full_at × limit − now × limit)` may now be
+//! negative and `tolerance = (burst + D) × window`; then
+//! `full_at = max(full_at, now) + need / limit`, as without overdraft. An admission that
+//! leaves `tokens < 0` (a debt) is flagged ([`Decision::overdraft`]) and reports
+//! `remaining = 0`; `remaining = floor(max(0, tokens) / window)` stays 0 until refills
+//! have repaid the whole debt, and `reset_after` (until full) counts the debt too.
+//! Over any interval of length `T`, never more than `burst + D + limit × T / window`
+//! admitted; a cost above `burst + D` can never pass. Under `charge_rejected` the debt
+//! stops at `burst + D` tokens (the instant at most two tolerances ahead).
+//! ```
+//! use std::time::Duration;
+//! use tollgate::algorithm::{KeyState, TokenBucket};
+//! const MS: u64 = 1_000_000;
+//! // 10 per second, burst 5, overdraft 3: 5 + 3 pass at once.
+//! let tb = TokenBucket::new(10, Duration::from_secs(1)).with_burst(5).with_overdraft(3);
+//! let mut state = KeyState::default();
+//! for _ in 0..5 { assert!(!tb.check(&mut state, 0, 1).overdraft); }
+//! for _ in 0..3 {
+//!     let d = tb.check(&mut state, 0, 1);
+//!     assert!(d.allowed && d.overdraft && d.remaining == 0);
+//! }
+//! assert_eq!(tb.check(&mut state, 0, 1).retry_after, 100 * MS);
+//! // The debt of 3 is repaid after 300 ms: only then does `remaining` rise.
+//! assert_eq!(tb.check(&mut state, 399 * MS, 0).remaining, 0);
+//! assert_eq!(tb.check(&mut state, 400 * MS, 0).remaining, 1);
+//! ```
+//!
 //! **Example** (`tests/cases/tollgate/01-token-bucket.yaml`). 10 per second, burst 20:
 //! 20 pass at once, then 100 ms later exactly one more.
 //! ```
@@ -39,7 +69,7 @@ use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
 
 /// Token bucket parameters: refill `limit` per `window`, capacity `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
     /// Refill rate: tokens per window.
     pub limit: u64,
@@ -47,6 +77,22 @@ pub struct TokenBucket {
     pub window: Nanos,
     /// Capacity in tokens (default `limit`).
     pub burst: u64,
+    /// How many units the bucket may go into debt (default 0: none); see the module
+    /// documentation's "Overdraft".
+    pub overdraft: u64,
+}
+
+/// Hashed as its fields, `overdraft` only when set: a limit without overdraft keeps the
+/// default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
+impl std::hash::Hash for TokenBucket {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.limit.hash(state);
+        self.window.hash(state);
+        self.burst.hash(state);
+        if self.overdraft > 0 {
+            self.overdraft.hash(state);
+        }
+    }
 }
 
 impl TokenBucket {
@@ -56,12 +102,20 @@ impl TokenBucket {
             limit,
             window: nanos(window),
             burst: limit,
+            overdraft: 0,
         }
     }
 
     /// Sets the capacity.
     pub fn with_burst(mut self, burst: u64) -> Self {
         self.burst = burst;
+        self
+    }
+
+    /// Lets a key go `overdraft` units into debt once its bucket is empty (see the
+    /// module documentation's "Overdraft").
+    pub fn with_overdraft(mut self, overdraft: u64) -> Self {
+        self.overdraft = overdraft;
         self
     }
 
@@ -93,7 +147,7 @@ impl TokenBucket {
 
     /// The shared bucket: `full_at` is its instant, the tokens missing its `ahead`.
     fn bucket(&self) -> Bucket {
-        Bucket::new(self.limit, self.window, self.burst)
+        Bucket::new(self.limit, self.window, self.burst).with_overdraft(self.overdraft)
     }
 }
 
@@ -124,6 +178,62 @@ mod tests {
         assert!(d.can_never_pass());
         assert_eq!((d.remaining, d.reset_after), (3, 200 * MS));
         assert_eq!(st, before, "nothing charged");
+    }
+
+    #[test]
+    fn an_overdraft_admits_until_the_debt_and_is_repaid_exactly() {
+        // 3 per second (a refill every 333,333,333.3 ns), burst 2, overdraft 2.
+        let tb = TokenBucket::new(3, Duration::from_secs(1))
+            .with_burst(2)
+            .with_overdraft(2);
+        let mut st = KeyState::default();
+        let t0 = 1_000_000 * MS;
+        let d = tb.check(&mut st, t0, 2);
+        assert!(d.allowed && !d.overdraft && d.remaining == 0);
+        let d = tb.check(&mut st, t0, 2);
+        assert!(d.allowed && d.overdraft);
+        assert_eq!(d.remaining, 0);
+        // Owes 2: full again after 4 refills, 4/3 s.
+        assert_eq!(d.reset_after, 1_333_333_334);
+        let d = tb.check(&mut st, t0, 1);
+        assert!(!d.allowed && !d.overdraft);
+        assert_eq!(d.retry_after, 333_333_334);
+        // A cost above burst + overdraft never passes.
+        assert!(tb.check(&mut st, t0, 5).can_never_pass());
+        assert!(!tb.check(&mut st, t0, 4).can_never_pass());
+        // The debt of 2 is repaid at exactly 2/3 s (666,666,666.7 ns): until then
+        // nothing is left, and a request taken then is still an overdraft.
+        let repaid = t0 + 666_666_667;
+        assert_eq!(tb.check(&mut st, repaid - 1, 0).remaining, 0);
+        let d = tb.check(&mut st.clone(), repaid - 1, 1);
+        assert!(d.allowed && d.overdraft);
+        assert_eq!(tb.check(&mut st, t0 + 999_999_999, 0).remaining, 0);
+        let d = tb.check(&mut st, t0 + 1_000_000_000, 0);
+        assert_eq!(d.remaining, 1);
+        // A request of 1 after the debt of 2 and one more token have refilled (at
+        // exactly 1 s) leaves 0 tokens: no debt, no overdraft; 1 ns earlier it leaves
+        // a debt of a fraction of a token, and is flagged.
+        let mut again = KeyState::default();
+        assert!(tb.check(&mut again, t0, 4).overdraft);
+        let d = tb.check(&mut again.clone(), t0 + 999_999_999, 1);
+        assert!(d.allowed && d.overdraft && d.remaining == 0);
+        let d = tb.check(&mut again, t0 + 1_000_000_000, 1);
+        assert!(d.allowed && !d.overdraft && d.remaining == 0);
+    }
+
+    #[test]
+    fn without_overdraft_nothing_is_flagged() {
+        let tb = TokenBucket::new(10, Duration::from_secs(1)).with_burst(2);
+        let mut st = KeyState::default();
+        for _ in 0..2 {
+            assert!(!tb.check(&mut st, 0, 1).overdraft);
+        }
+        tb.charge(&mut st, 0, 5);
+        let d = tb.check(&mut st, 0, 0);
+        assert!(
+            d.allowed && !d.overdraft,
+            "a cost of 0 in debt is no overdraft"
+        );
     }
 
     #[test]

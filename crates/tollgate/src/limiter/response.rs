@@ -72,6 +72,9 @@ pub struct DescriptorStatus {
     pub delay: Nanos,
     /// Soft throttling: admitted, but over `requests_per_unit` (within `overage_percent`).
     pub over_soft_limit: bool,
+    /// Overdraft: admitted into debt by a token bucket or GCRA with an `overdraft`
+    /// (its bucket was empty; `remaining` is 0).
+    pub overdraft: bool,
     /// The rule is in shadow mode: it would have rejected, if `would_reject`.
     pub shadow: bool,
     /// A shadow-mode rule that is over its limit.
@@ -102,6 +105,7 @@ impl DescriptorStatus {
             retry_after: 0,
             delay: 0,
             over_soft_limit: false,
+            overdraft: false,
             shadow: false,
             would_reject: false,
             metric: None,
@@ -232,6 +236,7 @@ fn decided_status(
         retry_after: if d.allowed { 0 } else { d.retry_after },
         delay: d.delay,
         over_soft_limit: d.allowed && overage > 0 && d.remaining < overage,
+        overdraft: d.allowed && d.overdraft,
         shadow: run.shadow,
         would_reject: run.shadow && !d.allowed,
         from_cache: d.from_cache,

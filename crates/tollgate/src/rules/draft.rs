@@ -442,6 +442,7 @@ impl<'a> DraftReader<'a> {
                 "burst",
                 "block_duration",
                 "overage_percent",
+                "overdraft",
                 "mode",
                 "priority",
             ],
@@ -460,13 +461,21 @@ impl<'a> DraftReader<'a> {
                 "requests_per_unit",
                 "algorithm",
                 "burst",
+                "overdraft",
                 "block_duration",
                 "priority",
             ] {
                 if let Some(n) = map.get_node(other) {
                     self.yaml.error(
                         n.span(),
-                        format!("an `unlimited` rate limit cannot also have a `{other}`"),
+                        format!(
+                            "an `unlimited` rate limit cannot also have {} `{other}`",
+                            if other.starts_with(['a', 'o']) {
+                                "an"
+                            } else {
+                                "a"
+                            }
+                        ),
                     );
                 }
             }
@@ -531,6 +540,21 @@ impl<'a> DraftReader<'a> {
             }
             spec.burst = self.yaml.number(map, "burst", u64::from(u32::MAX));
         }
+        if let Some(n) = map.get_node("overdraft") {
+            if !matches!(
+                spec.algorithm,
+                AlgorithmName::TokenBucket | AlgorithmName::Gcra
+            ) {
+                self.yaml.error(
+                    n.span(),
+                    "`overdraft` applies only to token_bucket and gcra (a bucket that may go into debt)",
+                );
+            }
+            spec.overdraft = self
+                .yaml
+                .number(map, "overdraft", u64::from(u32::MAX))
+                .unwrap_or(0);
+        }
         if let Some(n) = map.get_node("mode") {
             match n.as_scalar().map(MarkedScalarNode::as_str) {
                 Some("queue") if spec.algorithm == AlgorithmName::LeakyBucket => spec.queue = true,
@@ -561,7 +585,8 @@ impl<'a> DraftReader<'a> {
         let (unit, rpu) = (unit?, rpu?);
         if let Some(why) = bucket_out_of_range(&spec, unit, rpu) {
             let span = map
-                .get_node("burst")
+                .get_node("overdraft")
+                .or_else(|| map.get_node("burst"))
                 .or_else(|| map.get_node("requests_per_unit"))
                 .map_or(*map.span(), |n| *n.span());
             self.yaml.error(&span, why);

@@ -1,5 +1,5 @@
 //! [`LimitSpec`]: what a rate limit in a rule file says beyond its numbers (algorithm,
-//! burst, lockout, queue mode, overage), how it becomes the store's [`Limit`], and the
+//! burst, lockout, queue mode, overage, overdraft), how it becomes the store's [`Limit`], and the
 //! ranges its numbers must keep.
 
 use std::time::Duration;
@@ -19,6 +19,8 @@ pub(crate) struct LimitSpec {
     pub(super) block: Duration,
     pub(super) queue: bool,
     pub(super) overage_percent: u64,
+    /// How many units a token bucket or GCRA may go into debt (0: none).
+    pub(super) overdraft: u64,
     /// How instances sharing a store count it (inherited from the descriptors above).
     pub(super) consistency: Consistency,
     /// Where it is counted when regions share a global store (inherited too).
@@ -72,8 +74,9 @@ impl LimitSpec {
         self.build_divided(requests_per_unit, unit, id, 1)
     }
 
-    /// [`build`](Self::build) with the numbers (limit and burst) divided by `divisor`,
-    /// keeping at least 1 of a non-zero number: one instance's share of the limit.
+    /// [`build`](Self::build) with the numbers (limit, burst and overdraft) divided by
+    /// `divisor`, keeping at least 1 of a non-zero number: one instance's share of the
+    /// limit. The overage grows the limit and the burst, not the overdraft.
     pub(crate) fn build_divided(
         &self,
         requests_per_unit: u64,
@@ -92,15 +95,24 @@ impl LimitSpec {
         };
         let n = grow(requests_per_unit);
         let burst = grow(self.burst.unwrap_or(requests_per_unit));
+        let overdraft = if self.overdraft == 0 {
+            0
+        } else {
+            (self.overdraft / divisor).max(1)
+        };
         let w = Duration::from_secs(unit.seconds());
         let algorithm = match self.algorithm {
             AlgorithmName::FixedWindow => Algorithm::FixedWindow(FixedWindow::new(n, w)),
             AlgorithmName::SlidingWindow => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
             AlgorithmName::SlidingLog => Algorithm::SlidingLog(SlidingLog::new(n, w)),
-            AlgorithmName::TokenBucket => {
-                Algorithm::TokenBucket(TokenBucket::new(n, w).with_burst(burst))
+            AlgorithmName::TokenBucket => Algorithm::TokenBucket(
+                TokenBucket::new(n, w)
+                    .with_burst(burst)
+                    .with_overdraft(overdraft),
+            ),
+            AlgorithmName::Gcra => {
+                Algorithm::Gcra(Gcra::new(n, w).with_burst(burst).with_overdraft(overdraft))
             }
-            AlgorithmName::Gcra => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst)),
             AlgorithmName::LeakyBucket => {
                 let mode = if self.queue {
                     LeakyMode::Queue
@@ -135,6 +147,17 @@ pub(super) fn bucket_out_of_range(spec: &LimitSpec, unit: Unit, rpu: u64) -> Opt
     let burst = spec.burst.unwrap_or(rpu);
     let per = |n: u64| n as u128 * u128::from(unit.seconds());
     let unit_name = unit.name().to_ascii_lowercase();
+    if spec.overdraft > 0
+        && per(burst.saturating_add(spec.overdraft)) > MAX_BUCKET_DRAIN_SECS * u128::from(rpu)
+    {
+        return Some(format!(
+            "a bucket of {burst} with an overdraft of {} refilling {rpu} per {unit_name} takes \
+             more than 100 years to repay and refill: make `burst` + `overdraft` at most {} \
+             (its state is an instant, kept exact within a century)",
+            spec.overdraft,
+            MAX_BUCKET_DRAIN_SECS * u128::from(rpu) / u128::from(unit.seconds())
+        ));
+    }
     if per(burst) > MAX_BUCKET_DRAIN_SECS * u128::from(rpu) {
         return Some(format!(
             "a bucket of {burst} draining {rpu} per {unit_name} takes more than 100 years to \

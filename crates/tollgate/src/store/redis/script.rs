@@ -203,11 +203,14 @@ pub(crate) struct Encoded {
     /// Lockout duration in ticks (0: none).
     pub lockout: u64,
     queue: bool,
+    /// The token bucket's and GCRA's overdraft in units (0: none); sent in the place
+    /// of the leaky bucket's queue flag.
+    overdraft: u64,
 }
 
 /// Why a limit cannot be run by the scripts.
 #[derive(Debug, thiserror::Error)]
-#[error("the limit {} is out of the Redis scripts' exact range (window, (2 x burst + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)", describe(.0))]
+#[error("the limit {} is out of the Redis scripts' exact range (window, (2 x (burst + overdraft) + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)", describe(.0))]
 pub(crate) struct OutOfRange(pub Algorithm);
 
 /// A limit in words, as a rule file would say it: "gcra, 10 per 3600 s, burst 20".
@@ -225,7 +228,12 @@ fn describe(a: &Algorithm) -> String {
         _ => None,
     };
     let burst = burst.map_or_else(String::new, |b| format!(", burst {b}"));
-    format!("{}, {} per {window}{burst}", a.name(), a.limit())
+    let overdraft = match a {
+        Algorithm::TokenBucket(t) if t.overdraft > 0 => format!(", overdraft {}", t.overdraft),
+        Algorithm::Gcra(g) if g.overdraft > 0 => format!(", overdraft {}", g.overdraft),
+        _ => String::new(),
+    };
+    format!("{}, {} per {window}{burst}{overdraft}", a.name(), a.limit())
 }
 
 impl Encoded {
@@ -233,17 +241,17 @@ impl Encoded {
     /// the scripts' arithmetic is exact.
     pub fn new(limit: &Limit) -> Result<Self, OutOfRange> {
         let a = limit.algorithm();
-        let (alg, burst, queue) = match a {
-            Algorithm::FixedWindow(_) => (1, 0, false),
-            Algorithm::SlidingWindow(_) => (2, 0, false),
-            Algorithm::SlidingLog(_) => (3, 0, false),
-            Algorithm::TokenBucket(t) => (4, t.burst, false),
-            Algorithm::Gcra(g) => (5, g.burst, false),
-            Algorithm::LeakyBucket(l) => (6, l.burst, l.mode == LeakyMode::Queue),
+        let (alg, burst, queue, overdraft) = match a {
+            Algorithm::FixedWindow(_) => (1, 0, false, 0),
+            Algorithm::SlidingWindow(_) => (2, 0, false, 0),
+            Algorithm::SlidingLog(_) => (3, 0, false, 0),
+            Algorithm::TokenBucket(t) => (4, t.burst, false, t.overdraft),
+            Algorithm::Gcra(g) => (5, g.burst, false, g.overdraft),
+            Algorithm::LeakyBucket(l) => (6, l.burst, l.mode == LeakyMode::Queue, 0),
         };
         let lockout = limit.lockout().map_or(0, |l| l.duration);
         let value = a.limit();
-        if value >= LUA_MAX || burst >= LUA_MAX {
+        if value >= LUA_MAX || burst.saturating_add(overdraft) >= LUA_MAX {
             return Err(OutOfRange(*a));
         }
         for tick in [1, 1_000, 1_000_000, 1_000_000_000] {
@@ -266,7 +274,7 @@ impl Encoded {
                 let g = gcd(value, window);
                 (value / g, window / g)
             };
-            let scaled = (2 * u128::from(burst) + 1) * u128::from(wr);
+            let scaled = (2 * (u128::from(burst) + u128::from(overdraft)) + 1) * u128::from(wr);
             if matches!(alg, 4..=6) && scaled >= u128::from(LUA_MAX) {
                 continue;
             }
@@ -280,6 +288,7 @@ impl Encoded {
                 wr,
                 lockout,
                 queue,
+                overdraft,
             });
         }
         Err(OutOfRange(*a))
@@ -316,7 +325,11 @@ impl Encoded {
                 check.cost.min(LUA_MAX),
                 flags,
                 self.lockout,
-                u64::from(self.queue),
+                if self.alg == 6 {
+                    u64::from(self.queue)
+                } else {
+                    self.overdraft
+                },
             ],
         );
     }
@@ -331,6 +344,8 @@ impl Encoded {
             let retry = if v[3] < 0 { NEVER } else { ticks(v[3]) };
             Decision::reject(limit, remaining, ticks(v[2]), retry)
         };
+        // A delay of -1: an admission in overdraft (`lua/bucket.lua`).
+        d.overdraft = v[0] == 1 && v[4] == -1;
         d.delay = ticks(v[4]);
         d
     }

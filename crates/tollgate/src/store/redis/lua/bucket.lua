@@ -48,13 +48,13 @@ end
 
 -- A bucket's charge that did not fit (CHARGE[4], [5], [6]; `charge_rejected`,
 -- algorithm/*.rs `charge`): the exact instant moves later by the cost, past the
--- bucket's capacity (a debt of at most one bucket: algorithm/bucket.rs `charged`), and
--- never earlier.
+-- bucket's capacity (a debt of at most one bucket: algorithm/bucket.rs `charged`),
+-- at most two tolerances ((burst + overdraft) x wr) ahead, and never earlier.
 local function bucket_charge(c, st, cost)
   if c.limit == 0 then return nil end
   local x = bucket_ahead(c, st)
   if x < 0 then x = 0 end
-  local new, most = x + cost * c.wr, 2 * c.burst * c.wr
+  local new, most = x + cost * c.wr, 2 * (c.burst + c.over) * c.wr
   if new > most then new = most end
   -- Never earlier than it was (algorithm/bucket.rs `charged`).
   if new < x then new = x end
@@ -81,29 +81,39 @@ local function bucket_refund(c, st, charged, cost)
 end
 
 -- The decision of a bucket (algorithm/bucket.rs `Bucket::check`): `x` how far the
--- state's instant is ahead of now (at least 0), the check's burst, r and window / gcd.
--- `empties`: a debt (x past the capacity) leaves the bucket empty, so a cost of 0 still
+-- state's instant is ahead of now (at least 0), the check's burst, overdraft, r and
+-- window / gcd. A request fits within the tolerance, (burst + overdraft) x wr; what is
+-- left is counted against the capacity, burst x wr.
+-- `empties`: a debt (x past the tolerance) leaves the bucket empty, so a cost of 0 still
 -- fits it (the token bucket); otherwise a debt rejects any cost. `queue`: an admitted
 -- request waits for x to drain (the leaky bucket's queue). Returns the decision's five
--- numbers, then the scaled distance from now of the instant to store (nil: none).
-local function bucket_decide(x, cost, burst, r, wr, empties, queue)
+-- numbers, then the scaled distance from now of the instant to store (nil: none). An
+-- admission of a cost above 0 that leaves the bucket in debt (past the capacity: an
+-- overdraft) answers -1 as its delay, which no queue answers (call.lua).
+local function bucket_decide(x, cost, burst, over, r, wr, empties, queue)
   local capacity = burst * wr
+  local tolerance = (burst + over) * wr
   local need = cost * wr
   local filled = x
-  if empties and filled > capacity then filled = capacity end
-  if filled + need <= capacity then
+  if empties and filled > tolerance then filled = tolerance end
+  if filled + need <= tolerance then
     local after = filled + need
     local new = nil
     if cost > 0 then new = after end
     local delay = 0
     if queue then delay = cdiv(x, r) end
-    return 1, fdiv(capacity - after, wr), cdiv(after, r), 0, delay, new
+    local room = capacity - after
+    if room < 0 then
+      room = 0
+      if cost > 0 then delay = -1 end
+    end
+    return 1, fdiv(room, wr), cdiv(after, r), 0, delay, new
   end
-  -- A cost above the burst never fits; the answer still says what is left.
+  -- A cost above the burst and overdraft never fits; the answer still says what is left.
   local room = capacity - x
   if room < 0 then room = 0 end
   local retry = NEVER
-  if cost <= burst then retry = cdiv(x + need - capacity, r) end
+  if cost <= burst + over then retry = cdiv(x + need - tolerance, r) end
   return 0, fdiv(room, wr), cdiv(x, r), retry, 0
 end
 
@@ -114,7 +124,7 @@ local function bucket_alg(empties)
     if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
     local x = bucket_ahead(c, st)
     if x < 0 then x = 0 end
-    local a, b, d, e, f, new = bucket_decide(x, cost, c.burst, c.r, c.wr, empties, c.queue)
+    local a, b, d, e, f, new = bucket_decide(x, cost, c.burst, c.over, c.r, c.wr, empties, c.queue)
     local nst = nil
     if new then nst = bucket_state(c, new) end
     return { a, b, d, e, f }, nst
@@ -122,14 +132,18 @@ local function bucket_alg(empties)
 end
 
 -- ALONE[alg] of a bucket algorithm (a lone check, with its state read and written
--- here: see ALONE in fixed_window.lua), `empties` as bucket_decide's.
-local function bucket_alone(empties)
-  return function(tick, limit, _, burst, r, wr, cost, queue, ns, nn, tps)
+-- here: see ALONE in fixed_window.lua), `empties` as bucket_decide's. `extra` is the
+-- check's last argument: the leaky bucket's queue (`leaky`: 1 for a queue), the token
+-- bucket's and GCRA's overdraft otherwise.
+local function bucket_alone(empties, leaky)
+  return function(tick, limit, _, burst, r, wr, cost, extra, ns, nn, tps)
+    local queue, over = false, extra
+    if leaky then queue, over = extra == 1, 0 end
     return function(key, raw)
       if limit == 0 then return 0, 0, 0, NEVER, 0 end
       if raw == nil then raw = CALL('GET', key) end
       local x = lone_bucket_ahead(raw, tick, ns, nn, tps, r)
-      local a, b, c, d, e, new = bucket_decide(x, cost, burst, r, wr, empties, queue)
+      local a, b, c, d, e, new = bucket_decide(x, cost, burst, over, r, wr, empties, queue)
       if new then lone_bucket_put(key, raw, new, tick, ns, nn, tps, r) end
       return a, b, c, d, e
     end

@@ -11,7 +11,9 @@
 -- receipt; +8: take back a charge; +16: give back a lease's units), now seconds, now nanoseconds, the number of checks,
 -- then 11 per check: algorithm, tick (ns), limit, window (ticks), burst, r,
 -- window / gcd, cost, flags (1: shadow mode, 2: quota mode, 4 x charge_rejected: 0 none,
--- 1 over_limit, 2 all, 16 x the quota group), lockout (ticks), queue.
+-- 1 over_limit, 2 all, 16 x the quota group), lockout (ticks), and extra: the leaky
+-- bucket's queue (1: a queue), the token bucket's and GCRA's overdraft (units; 0 for
+-- the others).
 -- Modes +4 and +8 are a Redis Cluster's, for one slot of a request spanning several,
 -- alone in its call: +4 decides the request as usual (a lone check on its fast path, its
 -- state read first: lone_receipt) and answers, besides the answers' string, the receipt
@@ -24,7 +26,8 @@
 -- (sliding log), then its lockout key (when it has a lockout).
 -- Returns one string: per check, little-endian doubles (exact integers), all times in
 -- the check's ticks: either -1 and five numbers, allowed (1, 0, or -2 when the script
--- failed on this request), remaining, reset_after, retry_after (-1: never) and delay; or,
+-- failed on this request), remaining, reset_after, retry_after (-1: never) and delay
+-- (-1 for an overdraft: an admission that left a bucket in debt); or,
 -- for a check admitted with no retry and no delay (most answers), just remaining (never
 -- negative) and reset_after. (Redis turned each integer of a table into its reply for
 -- more than packing it as a double costs, and packing every check's numbers once at
@@ -138,13 +141,13 @@ for q = 1, requests do
     -- A lone check with a fast path (ALONE) takes it: no tables, no undo log. So does
     -- one asking for a receipt (see lone_receipt in driver.lua).
     if count == 1 and (wants or not special) then
-      local alg, tick, limit, window, burst, r, wr, flags, lockout, queue
-      alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue =
+      local alg, tick, limit, window, burst, r, wr, flags, lockout, extra
+      alg, tick, limit, window, burst, r, wr, cost, flags, lockout, extra =
         unpack('<ddddddddddd', blob, pos)
       -- A check charged when not admitted (charge_rejected) takes the general path.
       local alone = lockout == 0 and flags % 16 < 4 and ALONE[alg]
       if alone then
-        lone = alone(tick, limit, window, burst, r, wr, cost, queue == 1, NS,
+        lone = alone(tick, limit, window, burst, r, wr, cost, extra, NS,
           (NN - NN % tick) / tick, 1000000000 / tick)
         if mode == 0 and not wants then LONE[arg] = lone end
       end
@@ -179,7 +182,7 @@ for q = 1, requests do
   if not lone then
     local checks = {}
     for i = 1, count do
-      local alg, tick, limit, window, burst, r, wr, cost, flags, lockout, queue, after =
+      local alg, tick, limit, window, burst, r, wr, cost, flags, lockout, extra, after =
         unpack('<ddddddddddd', blob, pos)
       local charge = (flags % 16 - flags % 4) / 4
       local quota = (flags % 4 - flags % 2) / 2
@@ -198,12 +201,14 @@ for q = 1, requests do
         group = (flags - flags % 16) / 16,
         charge = charge,
         lockout = lockout,
-        queue = queue == 1,
+        queue = alg == 6 and extra == 1,
+        over = 0,
         ns = NS,
         nn = (NN - NN % tick) / tick,
         tps = 1000000000 / tick,
         key = KEYS[key],
       }
+      if alg ~= 6 then c.over = extra end
       key = key + 1
       if alg == 3 then
         c.meta = KEYS[key]

@@ -5,7 +5,7 @@
 ALG[6] = bucket_alg(false)
 
 -- ALG[6] for a lone check (see ALONE in fixed_window.lua).
-ALONE[6] = bucket_alone(false)
+ALONE[6] = bucket_alone(false, true)
 
 -- Takes back a charge: the instant moves back by cost x window / limit (bucket.lua).
 REFUND[6] = bucket_refund
