@@ -116,13 +116,11 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
     } = c;
     for (file, missing, span) in replaces {
         if !names.contains(&missing) {
-            let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
-            errors.push(ConfigError {
+            errors.push(ConfigError::at(
                 file,
-                line,
-                column,
-                message: format!("`replaces` names `{missing}`, but no rate limit in domain `{name}` has that name"),
-            });
+                &span,
+                format!("`replaces` names `{missing}`, but no rate limit in domain `{name}` has that name"),
+            ));
         }
     }
     let mut priority_keys: Vec<String> = rules
@@ -242,13 +240,11 @@ impl Compiler<'_> {
             if d.quota_mode && scope == Scope::Global && !d.limits.is_empty() {
                 // Quota groups are judged over the whole request, which two stores cannot
                 // do atomically.
-                let (line, column) = d.span.start().map_or((0, 0), |m| (m.line(), m.column()));
-                self.errors.push(ConfigError {
-                    file: file.to_string(),
-                    line,
-                    column,
-                    message: "`quota_mode` cannot go with `scope: global`: a quota group is judged over the whole request, and a global limit is counted in another store than the region's".into(),
-                });
+                self.errors.push(ConfigError::at(
+                    file,
+                    &d.span,
+                    "`quota_mode` cannot go with `scope: global`: a quota group is judged over the whole request, and a global limit is counted in another store than the region's",
+                ));
             }
             // A global limit in fallback is shared by every instance of every region.
             let divisor = match failure_mode {
@@ -319,18 +315,15 @@ impl Compiler<'_> {
                     });
                 if let Ok((limit, _)) = &built {
                     if let Some(why) = limit.consistency_conflict() {
-                        let (line, column) =
-                            l.span.start().map_or((0, 0), |m| (m.line(), m.column()));
-                        self.errors.push(ConfigError {
-                            file: file.to_string(),
-                            line,
-                            column,
-                            message: format!(
+                        self.errors.push(ConfigError::at(
+                            file,
+                            &l.span,
+                            format!(
                                 "`consistency: {}` cannot count this {} limit: {why}; give it `consistency: exact` (on its descriptor)",
                                 limit.consistency().name(),
                                 limit.algorithm().name(),
                             ),
-                        });
+                        ));
                         continue;
                     }
                 }
@@ -352,14 +345,7 @@ impl Compiler<'_> {
                             match priority_classes(&rule_limit, &p) {
                                 Ok(priority) => rule_limit.priority = Some(Box::new(priority)),
                                 Err(message) => {
-                                    let (line, column) =
-                                        p.span.start().map_or((0, 0), |m| (m.line(), m.column()));
-                                    self.errors.push(ConfigError {
-                                        file: file.to_string(),
-                                        line,
-                                        column,
-                                        message,
-                                    });
+                                    self.errors.push(ConfigError::at(file, &p.span, message));
                                     continue;
                                 }
                             }
@@ -367,14 +353,8 @@ impl Compiler<'_> {
                         limits.push(rule_limit);
                     }
                     Err(e) => {
-                        let (line, column) =
-                            l.span.start().map_or((0, 0), |m| (m.line(), m.column()));
-                        self.errors.push(ConfigError {
-                            file: file.to_string(),
-                            line,
-                            column,
-                            message: e.to_string(),
-                        });
+                        self.errors
+                            .push(ConfigError::at(file, &l.span, e.to_string()));
                     }
                 }
             }

@@ -18,6 +18,23 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// `message` about `file` at the start of `span`.
+    pub(crate) fn at(
+        file: impl Into<String>,
+        span: &marked_yaml::Span,
+        message: impl Into<String>,
+    ) -> Self {
+        let (line, column) = span.start().map_or((0, 0), |m| (m.line(), m.column()));
+        Self {
+            file: file.into(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.line, self.column) {
