@@ -291,7 +291,7 @@ impl Metrics {
         );
         registry.register(
             "enforcement_shadow",
-            "The emergency switch: 1 for a domain answered OK whatever its limits say (POST /v1/enforcement), 0 for one switched back to enforce; domain \"*\" is every domain without a mode of its own",
+            "The emergency switch: 1 for a domain answered OK whatever its limits say (POST /v1/enforcement), 0 for one switched back to enforce; the domain * is every domain without a mode of its own",
             enforcement_shadow.clone(),
         );
         registry.register(
