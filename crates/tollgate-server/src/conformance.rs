@@ -338,6 +338,16 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
                 ));
             }
         }
+        if let Some(flag) = want.get_scalar("overage") {
+            let wanted = flag.as_str() == "true";
+            if wanted != got.over_soft_limit {
+                out.push(format!(
+                    "status {i}: overage {}, expected {}",
+                    got.over_soft_limit,
+                    flag.as_str()
+                ));
+            }
+        }
         if let Some(reset) = n("reset_seconds") {
             if reset != got.reset_after_secs() {
                 out.push(format!(

@@ -8,6 +8,7 @@
 //! | `tollgate_near_limit_total` | domain, descriptor | hits admitted at or past the near-limit ratio of the limit |
 //! | `tollgate_within_limit_total` | domain, descriptor | hits admitted |
 //! | `tollgate_overdraft_total` | domain, descriptor | hits admitted into debt by a bucket's `overdraft` (counted in `within_limit` too) |
+//! | `tollgate_overage_total` | domain, descriptor | hits admitted past `requests_per_unit`: within `overage_percent` (soft throttling), or borrowed from a pool (`borrow`) (counted in `within_limit` too) |
 //! | `tollgate_shadow_mode_total` | domain, descriptor | hits a shadow-mode rule would have rejected |
 //! | `tollgate_decision_duration_seconds` | | histogram of the time to decide a request |
 //! | `tollgate_config_load_success_total`, `tollgate_config_load_error_total` | | rule set loads |
@@ -109,6 +110,7 @@ pub struct Metrics {
     near_limit: Family<RuleLabels, Counter>,
     within_limit: Family<RuleLabels, Counter>,
     overdraft: Family<RuleLabels, Counter>,
+    overage: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
     decision_seconds: Histogram,
     config_load_success: Counter,
@@ -171,13 +173,14 @@ enum Slot {
     ShadowMode,
     LocalCache,
     Overdraft,
+    Overage,
 }
 
 /// One rule's label set and its counters, each taken from its family the first time it
 /// counts (so a series appears only once it has counted, as before).
 struct RuleCounters {
     labels: RuleLabels,
-    slots: [OnceLock<Counter>; 7],
+    slots: [OnceLock<Counter>; 8],
 }
 
 impl RuleCounters {
@@ -197,6 +200,7 @@ impl RuleCounters {
             Slot::ShadowMode => &metrics.shadow_mode,
             Slot::LocalCache => &metrics.local_cache,
             Slot::Overdraft => &metrics.overdraft,
+            Slot::Overage => &metrics.overage,
         };
         self.slots[slot as usize]
             .get_or_init(|| family.get_or_create(&self.labels).clone())
@@ -227,6 +231,7 @@ impl Metrics {
         let near_limit = Family::<RuleLabels, Counter>::default();
         let within_limit = Family::<RuleLabels, Counter>::default();
         let overdraft = Family::<RuleLabels, Counter>::default();
+        let overage = Family::<RuleLabels, Counter>::default();
         let shadow_mode = Family::<RuleLabels, Counter>::default();
         let decision_seconds = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         let config_load_success = Counter::default();
@@ -316,6 +321,11 @@ impl Metrics {
             overdraft.clone(),
         );
         registry.register(
+            "overage",
+            "Hits admitted past requests_per_unit: soft throttling, or borrowed from a pool",
+            overage.clone(),
+        );
+        registry.register(
             "shadow_mode",
             "Hits a shadow-mode rule would have rejected",
             shadow_mode.clone(),
@@ -373,6 +383,7 @@ impl Metrics {
             near_limit,
             within_limit,
             overdraft,
+            overage,
             shadow_mode,
             decision_seconds,
             config_load_success,
@@ -439,6 +450,9 @@ impl Metrics {
                 rule.inc(self, Slot::WithinLimit, hits);
                 if s.overdraft {
                     rule.inc(self, Slot::Overdraft, hits);
+                }
+                if s.over_soft_limit {
+                    rule.inc(self, Slot::Overage, hits);
                 }
                 let used = limit.requests_per_unit.saturating_sub(s.remaining) as f64;
                 if limit.requests_per_unit > 0
@@ -952,6 +966,24 @@ mod tests {
             value(&text, &format!("tollgate_within_limit_total{user}")),
             Some(4),
             "an overdraft is admitted"
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_overage_total{user}")),
+            None,
+            "never counted"
+        );
+        let (req, mut resp) = decision("user", Code::Ok, 0);
+        resp.statuses[0].over_soft_limit = true;
+        metrics.record(&req, &resp, 0.0);
+        let text = exposition(&metrics);
+        assert_eq!(
+            value(&text, &format!("tollgate_overage_total{user}")),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, &format!("tollgate_within_limit_total{user}")),
+            Some(5),
+            "an overage is admitted"
         );
 
         // Runtime values in paths (detailed_metric): past the cap, new paths share one

@@ -578,3 +578,53 @@ async fn an_overdraft_is_flagged_in_the_answer_the_header_and_the_metrics() {
         assert!(text.contains(needle), "missing {needle} in:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn a_borrowed_admission_is_flagged_in_the_answer_the_header_and_the_metrics() {
+    let dir = tempdir("borrow");
+    std::fs::write(
+        dir.join("pool.yaml"),
+        "domain: pool\npools:\n  - {name: shared, rate_limit: {unit: hour, requests_per_unit: 3}}\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1, name: per_tenant, borrow: {from: shared, up_to: 5}}\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &[]).await;
+    let c = Client::new();
+    let req = json!({"domain": "pool", "descriptors": [{"tenant": "t1"}]});
+    // Its own 1, then 2 borrowed (the pool of 3 is spent), then refused.
+    for i in 0..4 {
+        let r = check(&c, &s, req.clone()).await;
+        let header = r
+            .headers()
+            .get("tollgate-overage")
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        let d = &body["descriptors"][0];
+        assert_eq!(d["limit"]["requests_per_unit"], 1, "{i}: {body}");
+        match i {
+            0 => {
+                assert_eq!(status, StatusCode::OK);
+                assert_eq!(d["over_soft_limit"], false, "{body}");
+                assert_eq!(header, None);
+            }
+            1 | 2 => {
+                assert_eq!(status, StatusCode::OK, "{i}");
+                assert_eq!(d["over_soft_limit"], true, "{i}: {body}");
+                assert_eq!(d["remaining"], 0, "{i}: {body}");
+                assert_eq!(header.as_deref(), Some("\"per_tenant\""), "{i}");
+            }
+            _ => {
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+                assert_eq!(header, None);
+            }
+        }
+    }
+    let text = s.get_text("/metrics").await;
+    for needle in [
+        "tollgate_overage_total{domain=\"pool\",descriptor=\"tenant\"} 2",
+        "tollgate_within_limit_total{domain=\"pool\",descriptor=\"tenant\"} 3",
+        "tollgate_over_limit_total{domain=\"pool\",descriptor=\"tenant\"} 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in:\n{text}");
+    }
+}

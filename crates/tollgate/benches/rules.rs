@@ -39,8 +39,11 @@
 //!   clock, for `exact` and `wildcard`, each a pre-built one-descriptor
 //!   [`RateLimitRequest`] (issue target: under 500 ns).
 //! - `features_decision`: the same on a one-rule domain, `plain`, against the same limit
-//!   shared by priority classes with the request naming its class, `priority` (target:
-//!   at most 1.3× `plain`).
+//!   shared by priority classes with the request naming its class, `priority`; a limit
+//!   that may borrow from a pool, within its own limit (`borrow_within_own`) and past it
+//!   (`borrow_past_own`) (target: at most 1.3× `plain`); and `two_counters`, the store
+//!   work of a borrowing decision without borrowing (two limits, one of them on a key
+//!   every request shares).
 //!
 //! Run with:
 //!
@@ -259,6 +262,23 @@ fn main() {
         Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new())
     };
     let (plain, classes) = (small(plain_rules), small(&priority_rules));
+    // Borrowing: within the key's own limit (one store call, the pool checked beside
+    // it), and past it (a second call with the borrowed counter and the pool).
+    let pooled = |own: &str| {
+        plain_rules
+            .replace("descriptors:", "pools:\n  - {name: shared, rate_limit: {unit: hour, requests_per_unit: 4000000000}}\ndescriptors:")
+            .replace(
+                "requests_per_unit: 4000000000}\n",
+                &format!("requests_per_unit: {own}, borrow: {{from: shared, up_to: 4000000000}}}}\n"),
+            )
+    };
+    let (guaranteed, borrowing) = (small(&pooled("3000000000")), small(&pooled("1")));
+    // The same store work without borrowing: the key's limit and a second counter
+    // shared by every key (`rate_limits` on two descriptors of the request).
+    let two_counters = small(&format!(
+        "{plain_rules}  - key: all\n    rate_limit: {{unit: hour, requests_per_unit: 4000000000}}\n"
+    ));
+    let two_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")], vec![("all", "x")]]);
     let plain_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")]]);
     let class_request =
         RateLimitRequest::new("tc", [vec![("tenant", "acme"), ("priority", "critical")]]);
@@ -275,6 +295,30 @@ fn main() {
         b.iter(|| {
             classes
                 .check_now(black_box(&class_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("two_counters", |b| {
+        b.iter(|| {
+            two_counters
+                .check_now(black_box(&two_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("borrow_within_own", |b| {
+        b.iter(|| {
+            guaranteed
+                .check_now(black_box(&plain_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("borrow_past_own", |b| {
+        b.iter(|| {
+            borrowing
+                .check_now(black_box(&plain_request))
                 .expect("a decision")
                 .overall
         });

@@ -3,8 +3,10 @@
 //! `RateLimit`, one list item per policy (see below); `Retry-After` on OVER_LIMIT;
 //! optionally the legacy `X-RateLimit-Limit/Remaining/Reset`, and envoyproxy/ratelimit's
 //! `RateLimit-Limit/Remaining/Reset` (its `LIMIT_RESPONSE_HEADERS_ENABLED`); and
-//! `Tollgate-Overdraft` when a bucket admitted the request into debt (its `overdraft`):
-//! a structured-field list of the policies that did, named as in `RateLimit-Policy`.
+//! `Tollgate-Overdraft` when a bucket admitted the request into debt (its `overdraft`),
+//! and `Tollgate-Overage` when a limit admitted it past its `requests_per_unit` (soft
+//! throttling's `overage_percent`, or borrowed from a pool): each a structured-field list
+//! of the policies that did, named as in `RateLimit-Policy`.
 //!
 //! A policy is a distinct (name, quota, window): the limited descriptors that share
 //! all three (one rule's limit, for several values of its key, say) make one item, and
@@ -325,8 +327,11 @@ pub fn headers(
             out.push(("Retry-After", number(secs.max(1))));
         }
     }
-    if let Some(names) = overdraft_field(response) {
+    if let Some(names) = flagged_field(response, |s| s.overdraft) {
         out.push(("Tollgate-Overdraft", names));
+    }
+    if let Some(names) = flagged_field(response, |s| s.over_soft_limit) {
+        out.push(("Tollgate-Overage", names));
     }
     if settings.legacy {
         // The most restrictive descriptor: over the limit first, then least remaining.
@@ -344,13 +349,17 @@ pub fn headers(
     out
 }
 
-/// The `Tollgate-Overdraft` value: the names of the policies that admitted the request
-/// into debt, each once, as a structured-field list of strings, at most
-/// [`MAX_FIELD_BYTES`] (the first that fit); `None` when no descriptor is in overdraft.
-fn overdraft_field(response: &RateLimitResponse) -> Option<String> {
+/// The value of `Tollgate-Overdraft` or `Tollgate-Overage`: the names of the policies
+/// whose statuses are `flagged` (admitted into debt, or past their limit), each once, as
+/// a structured-field list of strings, at most [`MAX_FIELD_BYTES`] (the first that fit);
+/// `None` when no descriptor is.
+fn flagged_field(
+    response: &RateLimitResponse,
+    flagged: impl Fn(&DescriptorStatus) -> bool,
+) -> Option<String> {
     let mut out = String::new();
     let mut name = String::new();
-    for (i, s) in limited(response).filter(|(_, s)| s.overdraft) {
+    for (i, s) in limited(response).filter(|(_, s)| flagged(s)) {
         name.clear();
         push_policy_name(&mut name, i, s);
         let seen = out.split(", ").any(|n| n == name);
@@ -390,6 +399,7 @@ fn header_name(name: &'static str) -> http::HeaderName {
     const ENVOY_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
     const ENVOY_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
     const OVERDRAFT: HeaderName = HeaderName::from_static("tollgate-overdraft");
+    const OVERAGE: HeaderName = HeaderName::from_static("tollgate-overage");
     const OTHER: HeaderName = HeaderName::from_static("x-tollgate");
     match name {
         "RateLimit-Policy" => RATELIMIT_POLICY,
@@ -402,6 +412,7 @@ fn header_name(name: &'static str) -> http::HeaderName {
         "RateLimit-Remaining" => ENVOY_REMAINING,
         "RateLimit-Reset" => ENVOY_RESET,
         "Tollgate-Overdraft" => OVERDRAFT,
+        "Tollgate-Overage" => OVERAGE,
         _ => OTHER,
     }
 }
@@ -690,6 +701,23 @@ mod tests {
         };
         let h = headers(&calm, HeaderSettings::default());
         assert!(h.iter().all(|(n, _)| *n != "Tollgate-Overdraft"));
+    }
+
+    #[test]
+    fn an_overage_names_its_policies_apart_from_overdrafts() {
+        let mut borrowed = status(Some("per_tenant"), Code::Ok, 0, 30, 0);
+        borrowed.over_soft_limit = true;
+        let mut debt = status(Some("per_ip"), Code::Ok, 0, 30, 0);
+        debt.overdraft = true;
+        let r = RateLimitResponse {
+            overall: Code::Ok,
+            store_failure: None,
+            statuses: vec![borrowed, debt],
+        };
+        let h = headers(&r, HeaderSettings::default());
+        let field = |name: &str| h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        assert_eq!(field("Tollgate-Overage").as_deref(), Some("\"per_tenant\""));
+        assert_eq!(field("Tollgate-Overdraft").as_deref(), Some("\"per_ip\""));
     }
 
     #[test]

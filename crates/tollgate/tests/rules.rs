@@ -479,7 +479,7 @@ mod errors {
         assert_eq!(set.domains().len(), 1);
         assert_eq!(
             errors("\u{feff}domain: d\nextra: 1\n"),
-            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, regions, charge_rejected, consistency, lease_period, sync_interval, scope)"]
+            ["2:1: unknown key `extra` in the top level (expected one of: domain, descriptors, http, failure_mode, local_fallback_divisor, regions, charge_rejected, consistency, lease_period, sync_interval, scope, pools)"]
         );
         #[cfg(feature = "tower")]
         assert!(tollgate::http::config::from_str("f.yaml", text)
@@ -1569,4 +1569,118 @@ descriptors:
             "{class}"
         );
     }
+}
+
+/// `pools` and `borrow` refused with their place for each way they can be wrong.
+#[test]
+fn borrowing_misuses_are_refused_with_their_place() {
+    let file = |pools: &str, extra: &str, borrow: &str| {
+        format!(
+            "domain: d\npools:\n{pools}\ndescriptors:\n  - key: tenant\n{extra}    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      borrow: {borrow}\n"
+        )
+    };
+    let shared = "  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 100}}";
+    // The borrow line is line 9 (10 with one line of `extra`).
+    let cases: &[(&str, &str, &str, &str, &str)] = &[
+        (shared, "", "shared", "9:", "`borrow` must be"),
+        (shared, "", "{up_to: 20}", "9:", "needs `from`"),
+        (shared, "", "{from: shared}", "9:", "needs `up_to`"),
+        (shared, "", "{from: shared, up_to: 20, share: 1}", "9:", "unknown key `share`"),
+        (shared, "", "{from: shared, up_to: 10}", "9:", "must be above the limit's own `requests_per_unit` (10)"),
+        (shared, "", "{from: shared, up_to: x}", "9:", "up_to"),
+        (shared, "", "{from: other, up_to: 20}", "9:", "has no pool of that name (its pools: shared)"),
+        ("  []", "", "{from: shared, up_to: 20}", "9:", "it has no `pools` at all"),
+        (shared, "    quota_mode: true\n", "{from: shared, up_to: 20}", "10:", "cannot go with `quota_mode`"),
+        (shared, "    consistency: leased\n", "{from: shared, up_to: 20}", "10:", "needs a limit counted exactly"),
+        // A pool's own misuses, at the pool's line (3).
+        ("  - {rate_limit: {unit: minute, requests_per_unit: 100}}", "", "{from: shared, up_to: 20}", "3:", "a pool needs a `name`"),
+        ("  - {name: shared}", "", "{from: shared, up_to: 20}", "3:", "a pool needs a `rate_limit`"),
+        ("  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 100, priority: {from: p, shares: {a: 50%}, default_class: a}}}", "", "{from: shared, up_to: 20}", "3:", "a pool's rate limit cannot have `priority`"),
+        ("  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 100, borrow: {from: shared, up_to: 200}}}", "", "{from: shared, up_to: 20}", "3:", "cannot have `borrow`"),
+        ("  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 100}, size: 3}", "", "{from: shared, up_to: 20}", "3:", "unknown key `size`"),
+        ("  shared", "", "{from: shared, up_to: 20}", "3:", "`pools` must be a list"),
+    ];
+    for (pools, extra, borrow, line, wanted) in cases {
+        let text = file(pools, extra, borrow);
+        let errs = errors(&text);
+        assert!(
+            errs.iter()
+                .any(|e| e.contains(wanted) && e.starts_with(line)),
+            "{borrow} / {pools}: wanted {line} {wanted}, got {errs:?}\n{text}"
+        );
+    }
+    // Not with a lockout, priority classes or soft throttling on the same limit.
+    for (beside, wanted) in [
+        (
+            "      block_duration: 15m\n",
+            "cannot be combined with `block_duration`",
+        ),
+        (
+            "      priority: {from: p, shares: {a: 50%}, default_class: a}\n",
+            "cannot be combined with `priority`",
+        ),
+        (
+            "      overage_percent: 10\n",
+            "cannot be combined with `overage_percent`",
+        ),
+    ] {
+        let text = file(shared, "", "{from: shared, up_to: 20}").replace(
+            "requests_per_unit: 10\n",
+            &format!("requests_per_unit: 10\n{beside}"),
+        );
+        let errs = errors(&text);
+        assert!(errs.iter().any(|e| e.contains(wanted)), "{errs:?}");
+    }
+    // Two pools of one name in one file, and across two files of a merged domain.
+    let twice = file(
+        &format!("{shared}\n{shared}"),
+        "",
+        "{from: shared, up_to: 20}",
+    );
+    assert!(errors(&twice)
+        .iter()
+        .any(|e| e.starts_with("4:") && e.contains("duplicate pool `shared`")));
+}
+
+/// A limit may borrow from a pool that another file of its (merged) domain defines.
+#[test]
+fn a_pool_may_come_from_another_file_of_the_domain() {
+    let dir = tempfile_dir("pools");
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: d\npools:\n  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 5}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1, borrow: {from: shared, up_to: 2}}\n",
+    )
+    .unwrap();
+    let merged = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let set = load(&[&dir], merged).unwrap();
+    let d = set.domain("d").unwrap();
+    assert_eq!(d.pools.len(), 1);
+    // The same pool defined in both files is refused, naming the domain.
+    std::fs::write(
+        dir.join("c.yaml"),
+        "domain: d\npools:\n  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 9}}\n",
+    )
+    .unwrap();
+    let err = load(&[&dir], merged).unwrap_err().to_string();
+    assert!(
+        err.contains("domain `d` already has a pool of that name"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A fresh directory under the system's temporary directory.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-rules-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -27,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod borrow;
 mod enforcement;
 mod failure;
 mod plan;
@@ -187,12 +188,25 @@ impl<S: Store> Limiter<S> {
             return Ok(self.respond(request, domain, &plan, &[], None));
         }
         let now = self.clock.now();
-        let decided = match budget {
-            None => self.store.check(now, &checks).await,
-            Some(budget) => self.store.check_within(now, &checks, budget).await,
+        let decided = if plan.runs.iter().any(|r| r.limit.borrow.is_some()) {
+            self.check_borrowing(now, &plan, &checks, budget)
+                .await
+                .map(|b| (b.decisions, b.borrowed))
+        } else {
+            self.decide(now, &checks, budget)
+                .await
+                .map(|d| (d, Vec::new()))
         };
         match decided {
-            Ok(decisions) => Ok(self.respond(request, domain, &plan, &decisions, None)),
+            Ok((decisions, borrowed)) => {
+                let mut response = self.respond(request, domain, &plan, &decisions, None);
+                // Admitted past its own limit, from its pool: flagged as an overage.
+                for i in borrowed {
+                    let status = &mut response.statuses[plan.runs[i].descriptor];
+                    status.over_soft_limit |= status.code == Code::Ok;
+                }
+                Ok(response)
+            }
             Err(e) => {
                 self.failures.record(&e);
                 let decisions = self.fail(now, domain, &plan, &checks);

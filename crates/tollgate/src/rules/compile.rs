@@ -13,7 +13,7 @@ use marked_yaml::Span;
 use super::draft::{ConsistencyMode, DraftConsistency, DraftDomain, DraftFailure, DraftRule};
 use super::error::ConfigError;
 use super::spec::LimitSpec;
-use super::tree::{Domain, Glob, Level, Priority, Rule, RuleId, RuleLimit};
+use super::tree::{Borrow, Domain, Glob, Level, Pool, Priority, Rule, RuleId, RuleLimit};
 use super::FailureMode;
 use crate::algorithm::{Consistency, Scope};
 use crate::store::ChargeRejected;
@@ -89,6 +89,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         names: HashSet::new(),
         replaces: Vec::new(),
         scope_errors: HashSet::new(),
+        pools: Vec::new(),
     };
     let mut root = Level::default();
     let failure_mode = drafts
@@ -97,6 +98,14 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         .map_or(FailureMode::default(), |d| {
             c.failure_over(&d.file, d.failure, FailureMode::default())
         });
+    // Pools first: a limit in one file may borrow from a pool another file of the
+    // domain defines.
+    let mut drafts = drafts;
+    for draft in &mut drafts {
+        for pool in std::mem::take(&mut draft.pools) {
+            c.pool(&draft.file, pool, failure_mode);
+        }
+    }
     let charge_rejected = drafts.iter().find_map(|d| d.charge);
     for draft in drafts {
         let file = draft.file;
@@ -112,6 +121,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         errors,
         names,
         replaces,
+        pools,
         ..
     } = c;
     for (file, missing, span) in replaces {
@@ -156,6 +166,7 @@ pub(crate) fn compile(drafts: Vec<DraftDomain>, errors: &mut Vec<ConfigError>) -
         rules,
         root,
         priority_keys,
+        pools,
     })
 }
 
@@ -167,9 +178,154 @@ struct Compiler<'a> {
     replaces: Vec<(String, String, Span)>,
     /// Places of `scope` errors already reported.
     scope_errors: HashSet<(usize, usize)>,
+    /// The domain's pools, from every file.
+    pools: Vec<Pool>,
 }
 
 impl Compiler<'_> {
+    /// Builds a pool of the domain: one counter (its id from the domain and the pool's
+    /// name), counted exactly, under the domain's failure mode.
+    fn pool(&mut self, file: &str, draft: super::draft::DraftPool, failure_mode: FailureMode) {
+        if self.pools.iter().any(|p| p.name == draft.name) {
+            self.errors.push(ConfigError::at(
+                file,
+                &draft.span,
+                format!(
+                    "duplicate pool `{}`: domain `{}` already has a pool of that name",
+                    draft.name, self.domain
+                ),
+            ));
+            return;
+        }
+        let l = draft.limit;
+        let divisor = match failure_mode {
+            FailureMode::LocalFallback { divisor, .. } => divisor,
+            _ => 1,
+        };
+        let mut h = DefaultHasher::new();
+        (
+            self.domain,
+            "pool",
+            &draft.name,
+            l.spec.algorithm,
+            l.spec.queue,
+        )
+            .hash(&mut h);
+        let id = h.finish();
+        let built = l
+            .spec
+            .build(l.requests_per_unit, l.unit, id)
+            .and_then(|limit| {
+                Ok((
+                    limit,
+                    l.spec
+                        .build_divided(l.requests_per_unit, l.unit, id, divisor)?,
+                ))
+            });
+        match built {
+            Ok((limit, fallback)) => self.pools.push(Pool {
+                name: draft.name,
+                limit: RuleLimit {
+                    name: None,
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit,
+                    replaces: Vec::new(),
+                    overage_percent: 0,
+                    limit,
+                    fallback,
+                    spec: l.spec,
+                    divisor,
+                    priority: None,
+                    borrow: None,
+                },
+            }),
+            Err(e) => self.errors.push(ConfigError::at(
+                file,
+                &l.span,
+                format!("pool `{}`: {e}", draft.name),
+            )),
+        }
+    }
+
+    /// The borrowing of `limit` (of a rule in quota mode or not) from the pool `b`
+    /// names, or why it cannot borrow.
+    fn borrow(
+        &self,
+        limit: &RuleLimit,
+        b: &super::draft::DraftBorrow,
+        quota_mode: bool,
+    ) -> Result<Borrow, (Span, String)> {
+        let Some(pool) = self.pools.iter().find(|p| p.name == b.from) else {
+            let known: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+            return Err((
+                b.from_span,
+                format!(
+                    "`borrow.from: {}`: domain `{}` has no pool of that name ({})",
+                    b.from,
+                    self.domain,
+                    if known.is_empty() {
+                        "it has no `pools` at all".to_string()
+                    } else {
+                        format!("its pools: {}", known.join(", "))
+                    }
+                ),
+            ));
+        };
+        let refuse = |why: &str| Err((b.span, format!("`borrow` {why}")));
+        if limit.limit.consistency() != Consistency::Exact || limit.limit.scope() == Scope::Global {
+            return refuse(&format!(
+                "needs a limit counted exactly (`consistency: exact`, `scope: region`): this one is `consistency: {}`, `scope: {}`",
+                limit.limit.consistency().name(),
+                limit.limit.scope().name()
+            ));
+        }
+        if quota_mode {
+            return refuse("cannot go with `quota_mode`: a borrowing key is admitted by its own limit or by the pool, and quota groups would judge that over the whole request");
+        }
+        if !limit.spec.block.is_zero() {
+            return refuse("cannot be combined with `block_duration`: a lockout started at the key's own limit would stop it borrowing");
+        }
+        if limit.priority.is_some() {
+            return refuse("cannot be combined with `priority` on the same limit");
+        }
+        if limit.overage_percent > 0 {
+            return refuse("cannot be combined with `overage_percent`: both admit past the limit; say how far with `up_to`");
+        }
+        // What a key borrowed: `up_to − requests_per_unit` per unit, on a counter of its
+        // own, with the limit's algorithm (a bucket holding as much).
+        let mut spec = limit.spec;
+        spec.burst = None;
+        spec.overdraft = 0;
+        let extra_rpu = b.up_to - limit.requests_per_unit;
+        let mut h = DefaultHasher::new();
+        (limit.limit.id(), "borrowed").hash(&mut h);
+        let id = h.finish();
+        let built = spec.build(extra_rpu, limit.unit, id).and_then(|l| {
+            Ok((
+                l,
+                spec.build_divided(extra_rpu, limit.unit, id, limit.divisor)?,
+            ))
+        });
+        let (extra_limit, fallback) = built.map_err(|e| (b.span, format!("`borrow`: {e}")))?;
+        let mut pool_key = b"\0pool\0".to_vec();
+        pool_key.extend_from_slice(pool.name.as_bytes());
+        Ok(Borrow {
+            pool: pool.name.clone(),
+            up_to: b.up_to,
+            extra: RuleLimit {
+                requests_per_unit: extra_rpu,
+                limit: extra_limit,
+                fallback,
+                spec,
+                priority: None,
+                borrow: None,
+                ..limit.clone()
+            },
+            pool_limit: pool.limit.clone(),
+            pool_key,
+        })
+    }
+
     /// The failure mode that `own` settings (of a domain or descriptor in `file`) make
     /// of `parent`'s: a `local_fallback` keeps the divisor and regions from above unless
     /// it gives its own; a divisor or regions without `local_fallback` (here or above)
@@ -340,12 +496,22 @@ impl Compiler<'_> {
                             spec: l.spec,
                             divisor,
                             priority: None,
+                            borrow: None,
                         };
                         if let Some(p) = l.priority {
                             match priority_classes(&rule_limit, &p) {
                                 Ok(priority) => rule_limit.priority = Some(Box::new(priority)),
                                 Err(message) => {
                                     self.errors.push(ConfigError::at(file, &p.span, message));
+                                    continue;
+                                }
+                            }
+                        }
+                        if let Some(b) = &l.borrow {
+                            match self.borrow(&rule_limit, b, d.quota_mode) {
+                                Ok(borrow) => rule_limit.borrow = Some(Box::new(borrow)),
+                                Err((span, message)) => {
+                                    self.errors.push(ConfigError::at(file, &span, message));
                                     continue;
                                 }
                             }
@@ -440,6 +606,7 @@ fn priority_classes(
                 fallback,
                 spec,
                 priority: None,
+                borrow: None,
                 ..limit.clone()
             },
         ));

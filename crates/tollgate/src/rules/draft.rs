@@ -62,6 +62,7 @@ impl<'a> DraftReader<'a> {
                 "lease_period",
                 "sync_interval",
                 "scope",
+                "pools",
             ],
             "the top level",
         );
@@ -95,6 +96,10 @@ impl<'a> DraftReader<'a> {
             None => Vec::new(),
             Some(n) => self.descriptors(n),
         };
+        let pools = match top.get_node("pools") {
+            None => Vec::new(),
+            Some(n) => self.pools(n),
+        };
         #[cfg(feature = "tower")]
         let http = match (top.get_node("http"), &domain) {
             (Some(node), Some(name)) => {
@@ -115,7 +120,91 @@ impl<'a> DraftReader<'a> {
             charge,
             consistency,
             descriptors,
+            pools,
         })
+    }
+
+    /// `pools: [{name: NAME, rate_limit: {...}}, ...]`: limits that a domain's keys may
+    /// borrow from (`borrow`). A pool's rate limit has numbers and an algorithm, nothing
+    /// that belongs to one key's limit.
+    fn pools(&mut self, node: &Node) -> Vec<DraftPool> {
+        if node.as_scalar().is_some_and(is_null) {
+            return Vec::new();
+        }
+        let Some(seq) = node.as_sequence() else {
+            self.yaml.error(
+                node.span(),
+                "`pools` must be a list of `{name: <pool>, rate_limit: {unit: ..., requests_per_unit: ...}}`",
+            );
+            return Vec::new();
+        };
+        let mut pools: Vec<DraftPool> = Vec::new();
+        for item in seq.iter() {
+            let Some(map) = item.as_mapping() else {
+                self.yaml.error(
+                    item.span(),
+                    "a pool must be a mapping with `name` and `rate_limit`",
+                );
+                continue;
+            };
+            self.yaml.check_keys(map, &["name", "rate_limit"], "a pool");
+            let name = match map.get_scalar("name").map(|s| s.as_str().trim()) {
+                Some(n) if !n.is_empty() => Some(n.to_string()),
+                _ => {
+                    self.yaml.error(
+                        map.get_node("name").map_or(map.span(), |n| n.span()),
+                        "a pool needs a `name`, which limits name in `borrow: {from: <name>, ...}`",
+                    );
+                    None
+                }
+            };
+            if let Some(n) = &name {
+                if pools.iter().any(|p| &p.name == n) {
+                    self.yaml.error(
+                        map.get_node("name").map_or(map.span(), |n| n.span()),
+                        format!("duplicate pool `{n}`: a pool's name is unique in its file"),
+                    );
+                    continue;
+                }
+            }
+            let limit = match map.get_node("rate_limit") {
+                None => {
+                    self.yaml.error(
+                        map.span(),
+                        "a pool needs a `rate_limit` (`unit`, `requests_per_unit`, optionally `algorithm` and `burst`)",
+                    );
+                    None
+                }
+                Some(n) => match self.rate_limit(n, false) {
+                    Some(DraftLimit::Limited(l)) => Some(l),
+                    _ => None,
+                },
+            };
+            let (Some(name), Some(limit)) = (name, limit) else {
+                continue;
+            };
+            let own_only = [
+                ("name", limit.name.is_some()),
+                ("replaces", !limit.replaces.is_empty()),
+                ("priority", limit.priority.is_some()),
+                ("borrow", limit.borrow.is_some()),
+                ("block_duration", !limit.spec.block.is_zero()),
+                ("overage_percent", limit.spec.overage_percent > 0),
+            ];
+            if let Some((field, _)) = own_only.iter().find(|(_, given)| *given) {
+                self.yaml.error(
+                    &limit.span,
+                    format!("pool `{name}`: a pool's rate limit cannot have `{field}`: that belongs to one key's limit, and a pool is shared by every key that borrows from it"),
+                );
+                continue;
+            }
+            pools.push(DraftPool {
+                span: *map.span(),
+                name,
+                limit,
+            });
+        }
+        pools
     }
 
     fn descriptors(&mut self, node: &Node) -> Vec<DraftRule> {
@@ -445,6 +534,7 @@ impl<'a> DraftReader<'a> {
                 "overdraft",
                 "mode",
                 "priority",
+                "borrow",
             ],
             "a rate limit",
         );
@@ -464,6 +554,7 @@ impl<'a> DraftReader<'a> {
                 "overdraft",
                 "block_duration",
                 "priority",
+                "borrow",
             ] {
                 if let Some(n) = map.get_node(other) {
                     self.yaml.error(
@@ -582,7 +673,17 @@ impl<'a> DraftReader<'a> {
             spec.overage_percent = self.yaml.number(map, "overage_percent", 1000).unwrap_or(0);
         }
         let priority = map.get_node("priority").and_then(|n| self.priority(n));
+        let borrow = map.get_node("borrow").and_then(|n| self.borrow(n));
         let (unit, rpu) = (unit?, rpu?);
+        if let Some(b) = &borrow {
+            if b.up_to <= rpu {
+                self.yaml.error(
+                    &b.up_to_span,
+                    format!("`borrow.up_to` ({}) must be above the limit's own `requests_per_unit` ({rpu}): it is how far a key may go in all while the pool has room", b.up_to),
+                );
+                return None;
+            }
+        }
         if let Some(why) = bucket_out_of_range(&spec, unit, rpu) {
             let span = map
                 .get_node("overdraft")
@@ -607,7 +708,48 @@ impl<'a> DraftReader<'a> {
             replaces,
             spec,
             priority,
+            borrow,
         })))
+    }
+
+    /// `borrow: {from: POOL, up_to: N}`.
+    fn borrow(&mut self, node: &Node) -> Option<DraftBorrow> {
+        const WHAT: &str =
+            "`borrow` must be `{from: <pool name>, up_to: <requests per unit in all>}`";
+        let Some(map) = node.as_mapping() else {
+            self.yaml.error(node.span(), WHAT);
+            return None;
+        };
+        self.yaml.check_keys(map, &["from", "up_to"], "`borrow`");
+        let from = match map.get_scalar("from") {
+            Some(f) if !f.as_str().trim().is_empty() => {
+                Some((f.as_str().trim().to_string(), *f.span()))
+            }
+            _ => {
+                self.yaml.error(
+                    map.get_node("from").map_or(map.span(), |n| n.span()),
+                    "`borrow` needs `from`: the name of one of the domain's `pools`",
+                );
+                None
+            }
+        };
+        let up_to = if map.get_node("up_to").is_none() {
+            self.yaml.error(
+                map.span(),
+                "`borrow` needs `up_to`: how many requests per unit a key may reach in all while the pool has room",
+            );
+            None
+        } else {
+            self.yaml.number(map, "up_to", u64::from(u32::MAX))
+        };
+        let (from, from_span) = from?;
+        Some(DraftBorrow {
+            span: *node.span(),
+            from,
+            from_span,
+            up_to: up_to?,
+            up_to_span: map.get_node("up_to").map_or(*map.span(), |n| *n.span()),
+        })
     }
 
     /// `priority: {from: KEY, shares: {CLASS: PERCENT%, ...}, default_class: CLASS}`.
@@ -801,6 +943,8 @@ pub(crate) struct DraftDomain {
     pub(crate) consistency: DraftConsistency,
     pub(crate) charge: Option<ChargeRejected>,
     pub(crate) descriptors: Vec<DraftRule>,
+    /// The file's `pools`.
+    pub(crate) pools: Vec<DraftPool>,
     /// The file's gateway section.
     #[cfg(feature = "tower")]
     pub(crate) http: Option<crate::http::HttpRules>,
@@ -857,6 +1001,25 @@ pub(crate) struct DraftRateLimit {
     pub(crate) replaces: Vec<(String, Span)>,
     pub(crate) spec: LimitSpec,
     pub(crate) priority: Option<DraftPriority>,
+    pub(crate) borrow: Option<DraftBorrow>,
+}
+
+/// A limit's `borrow`: the pool's name and how far a key may go in all.
+#[derive(Debug)]
+pub(crate) struct DraftBorrow {
+    pub(crate) span: Span,
+    pub(crate) from: String,
+    pub(crate) from_span: Span,
+    pub(crate) up_to: u64,
+    pub(crate) up_to_span: Span,
+}
+
+/// A pool as read: its name and its limit.
+#[derive(Debug)]
+pub(crate) struct DraftPool {
+    pub(crate) span: Span,
+    pub(crate) name: String,
+    pub(crate) limit: Box<DraftRateLimit>,
 }
 
 /// A limit's `priority`: the descriptor key naming the class, each class's share of

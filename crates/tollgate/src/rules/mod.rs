@@ -78,7 +78,7 @@ pub use load::{from_str, load, rule_files, LoadOptions, DEFAULT_MAX_DEPTH};
 pub use metadata::Metadata;
 pub use read::MAX_MAX_DEPTH;
 pub use reload::{reload_thread, summary, BeforeSwap, ReloadOutcome, Rules, RELOAD_STACK_SIZE};
-pub use tree::{Domain, Match, Priority, Rule, RuleId, RuleLimit, RuleSet};
+pub use tree::{Borrow, Domain, Match, Pool, Priority, Rule, RuleId, RuleLimit, RuleSet};
 pub use unit::Unit;
 #[cfg(all(feature = "watch", unix))]
 pub use watch::reload_on_sighup;

@@ -71,6 +71,8 @@ pub struct Domain {
     /// The descriptor keys that name a request's priority class in some limit of this
     /// domain (`priority.from`): left out of matching and of counter keys.
     pub(crate) priority_keys: Vec<String>,
+    /// The pools its limits may borrow from (`pools:`), in file order.
+    pub pools: Vec<Pool>,
 }
 
 /// One descriptor of a rule file.
@@ -137,6 +139,35 @@ pub struct RuleLimit {
     pub(crate) divisor: u64,
     /// Priority classes sharing this limit (`priority`), if it has them.
     pub priority: Option<Box<Priority>>,
+    /// Borrowing from a pool of the domain (`borrow`), if the limit may.
+    pub borrow: Option<Box<Borrow>>,
+}
+
+/// A limit's `borrow`: past its own limit, a key may go on up to `up_to` while the
+/// domain's pool has room (see `limiter/borrow.rs`).
+#[derive(Debug, Clone)]
+pub struct Borrow {
+    /// The pool's name.
+    pub pool: String,
+    /// How far past its own limit a key may go, in all: `up_to` per unit.
+    pub up_to: u64,
+    /// The key's counter of what it borrowed: `up_to − requests_per_unit` per unit, the
+    /// same algorithm as the limit, its own identity.
+    pub extra: RuleLimit,
+    /// The pool's limit: one counter for the whole domain, every borrowing key's
+    /// admissions charged to it.
+    pub pool_limit: RuleLimit,
+    /// The pool counter's key.
+    pub pool_key: Vec<u8>,
+}
+
+/// A pool of the domain (`pools:`), that limits may borrow from.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// The pool's name.
+    pub name: String,
+    /// Its limit: one counter for the whole domain.
+    pub limit: RuleLimit,
 }
 
 /// A limit shared by priority classes (`priority`): every class charges the same counter,
@@ -185,11 +216,13 @@ impl RuleLimit {
             .spec
             .build_divided(requests_per_unit, unit, id, self.divisor)
             .ok()?;
+        // A request's own numbers stand alone: no borrowing past them.
         Some(RuleLimit {
             requests_per_unit,
             unit,
             limit,
             fallback,
+            borrow: None,
             ..self.clone()
         })
     }
@@ -219,6 +252,7 @@ impl RuleLimit {
             spec,
             divisor,
             priority: None,
+            borrow: None,
         })
     }
 

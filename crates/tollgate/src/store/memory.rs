@@ -282,15 +282,26 @@ impl MemoryStore {
         for (_, g) in guards.iter_mut() {
             g.latest = g.latest.max(now);
         }
-        let mut undo: Vec<Undo> = Vec::new();
+        let mut undo: Vec<Undo> = Vec::with_capacity(checks.len());
         // The states saved, as a set: looking each check up in `undo` itself made a
-        // request quadratic in its checks.
-        let mut saved: HashSet<(u64, StateKind)> = HashSet::with_capacity(checks.len());
+        // request quadratic in its checks. A few checks are looked up in `undo` (a set
+        // costs more to build than they do to scan).
+        let few = checks.len() <= FEW_CHECKS;
+        let mut saved: HashSet<(u64, StateKind)> = if few {
+            HashSet::new()
+        } else {
+            HashSet::with_capacity(checks.len())
+        };
         let mut decisions = Vec::with_capacity(checks.len());
         for (check, &fp) in checks.iter().zip(&fps) {
             let shard = guard_for(&mut guards, self.shard_of(fp));
             let kind = check.limit.state_kind();
-            if saved.insert((fp, kind)) {
+            let first = if few {
+                !undo.iter().any(|u| u.fp == fp && u.kind() == kind)
+            } else {
+                saved.insert((fp, kind))
+            };
+            if first {
                 undo.push(Undo::save(shard, fp, kind));
             }
             decisions.push(self.decide(shard, fp, check, now));
@@ -603,6 +614,9 @@ fn guard_for<'g, 's>(
     &mut guards[at].1
 }
 
+/// Up to this many checks, a request finds the states it saved already by scanning them.
+const FEW_CHECKS: usize = 8;
+
 /// The state of one key before a multi-check request touched it.
 struct Undo {
     fp: u64,
@@ -617,6 +631,15 @@ enum Saved {
 }
 
 impl Undo {
+    /// The kind of state saved.
+    fn kind(&self) -> StateKind {
+        match self.saved {
+            Saved::Key(_) => StateKind::Key,
+            Saved::Log(_) => StateKind::Log,
+            Saved::Window(_) => StateKind::Window,
+        }
+    }
+
     fn save(shard: &Shard, fp: u64, kind: StateKind) -> Self {
         let saved = match kind {
             StateKind::Key => Saved::Key(shard.keys.get(&fp).copied()),
