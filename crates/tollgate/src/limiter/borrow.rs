@@ -91,12 +91,13 @@ impl<S: Store> Limiter<S> {
             .filter_map(|(i, r)| r.limit.borrow.as_deref().map(|b| (i, b)))
             .collect();
         // 1. The request, the pools beside it.
-        let mut first: Vec<Check<'_>> = checks.to_vec();
+        let mut first: Vec<Check<'_>> = Vec::with_capacity(n + lenders.len());
+        first.extend_from_slice(checks);
         for &(i, b) in &lenders {
             first[i].charge = ChargeRejected::None;
             first.push(pool_check(&checks[i], b, false));
         }
-        let d1 = self.decide(now, &first, budget).await?;
+        let mut d1 = self.decide(now, &first, budget).await?;
         if !rejects(&first, |k| d1[k].allowed) {
             let spent = lenders
                 .iter()
@@ -104,16 +105,18 @@ impl<S: Store> Limiter<S> {
                 .filter(|&(j, &(i, _))| d1[i].allowed && !d1[n + j].allowed)
                 .map(|(_, &(i, b))| (i, b));
             self.charge_spent_pools(now, budget, spent, checks).await;
+            d1.truncate(n);
             return Ok(Borrowed {
-                decisions: d1[..n].to_vec(),
+                decisions: d1,
                 borrowed: Vec::new(),
             });
         }
         let lends = |i: usize| plan.runs[i].limit.borrow.is_some() && !checks[i].shadow;
         let refused_by_others = rejects(checks, |i| d1[i].allowed || lends(i));
         if refused_by_others {
+            d1.truncate(n);
             return Ok(Borrowed {
-                decisions: d1[..n].to_vec(),
+                decisions: d1,
                 borrowed: Vec::new(),
             });
         }
