@@ -2,8 +2,8 @@
 //! real binary: a domain switched to shadow is answered OK (decided, counted, reported)
 //! while another is still enforced; the switch survives a reload, shows in `/rules` and
 //! a metric, answers only with the admin token, refuses a bad body; on a Redis shared by
-//! two instances, a switch made on one applies on the other; and the gateway lets
-//! requests of a switched domain through.
+//! two instances, a switch made on one applies on the other, also while clients keep
+//! sending to both; and the gateway lets requests of a switched domain through.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -225,6 +225,124 @@ async fn a_switch_on_one_instance_applies_to_another_sharing_redis() {
         admin_json(&c, &late, "/v1/enforcement").await["enforcement"]["domains"]["other"],
         "shadow"
     );
+    drop(redis);
+}
+
+/// Under load: clients keep sending to two instances sharing Redis while the switch is
+/// thrown on one of them and back on the other. Each instance goes over to shadow (every
+/// answer OK, the would-be rejections counted) and back to enforcing (429s again) while
+/// the traffic runs, and no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_applies_to_two_instances_under_load() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = rules("load");
+    let args = ["--store", url.as_str(), "--admin-token", TOKEN];
+    let servers = [
+        Arc::new(Server::start(&dir, &args).await),
+        Arc::new(Server::start(&dir, &args).await),
+    ];
+    let c = Client::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Per instance: answers seen, and whether the last one was a 429.
+    let counts: Arc<[[AtomicU64; 3]; 2]> = Arc::new(Default::default());
+    let mut tasks = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        for t in 0..4 {
+            let (c, server, stop, counts) = (
+                c.clone(),
+                Arc::clone(server),
+                Arc::clone(&stop),
+                Arc::clone(&counts),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // Ten users per task, each far past its 2 a minute.
+                    let user = format!("u{i}-{t}-{}", n % 10);
+                    n += 1;
+                    let status = check(&c, &server, "api", &user).await.0;
+                    let slot = match status {
+                        StatusCode::OK => 0,
+                        StatusCode::TOO_MANY_REQUESTS => 1,
+                        _ => 2,
+                    };
+                    counts[i][slot].fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    let seen = |i: usize, slot: usize| counts[i][slot].load(Ordering::Relaxed);
+    // Wait (under the load) until an instance's answers are all `want` for 300 ms.
+    let settled = |i: usize, ok: bool| {
+        let counts = Arc::clone(&counts);
+        async move {
+            let started = Instant::now();
+            let mut since = Instant::now();
+            let mut last = (
+                counts[i][0].load(Ordering::Relaxed),
+                counts[i][1].load(Ordering::Relaxed),
+            );
+            while started.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let now = (
+                    counts[i][0].load(Ordering::Relaxed),
+                    counts[i][1].load(Ordering::Relaxed),
+                );
+                let wrong = if ok { now.1 > last.1 } else { now.0 > last.0 };
+                let moved = now.0 + now.1 > last.0 + last.1;
+                if wrong || !moved {
+                    since = Instant::now();
+                } else if since.elapsed() >= Duration::from_millis(300) {
+                    return started.elapsed();
+                }
+                last = now;
+            }
+            panic!(
+                "instance {i} never settled to {}",
+                if ok { "OK" } else { "429" }
+            );
+        }
+    };
+    settled(0, false).await;
+    settled(1, false).await;
+    let (status, _) = switch(
+        &c,
+        &servers[0],
+        json!({"domain": "api", "mode": "shadow"}),
+        true,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let on = tokio::join!(settled(0, true), settled(1, true));
+    let (status, _) = switch(
+        &c,
+        &servers[1],
+        json!({"domain": "api", "mode": "enforce"}),
+        true,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let off = tokio::join!(settled(0, false), settled(1, false));
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    eprintln!(
+        "under load, from the switch: shadow on each instance after {on:?}, enforcing on each after {off:?} (each + 300 ms steady); answers (OK, 429, failed) {:?}",
+        [0, 1].map(|i| [seen(i, 0), seen(i, 1), seen(i, 2)])
+    );
+    for i in 0..2 {
+        assert_eq!(seen(i, 2), 0, "instance {i}: a request failed");
+        let metrics = servers[i].get_text("/metrics").await;
+        assert!(
+            metrics.contains("tollgate_shadow_mode_total{domain=\"api\""),
+            "instance {i} counted no would-be rejection in shadow"
+        );
+    }
     drop(redis);
 }
 
