@@ -3,13 +3,17 @@
 //! uploads with a Content-Length admitted until the bytes run out, then 429; one larger
 //! than the whole limit 413; a chunked upload charged as it streams and refused
 //! mid-body with 429, the upstream seeing its request aborted; the metrics counting it.
+//! On the in-memory store and on a real Redis.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
 mod support;
 
 use std::time::{Duration, Instant};
 
+use redis_server::RedisServer;
 use reqwest::{Client, StatusCode};
 use support::upstream::{start_upstream, wait_for_200, Upload, Upstream};
 use support::{tempdir, Proxy};
@@ -114,7 +118,29 @@ fn status_of(head: &str) -> u16 {
 
 #[tokio::test]
 async fn declared_lengths_are_charged_up_front_and_one_past_the_whole_limit_is_413() {
-    let (up, proxy) = gateway("bytes-declared", &[]).await;
+    declared_lengths("bytes-declared", &[]).await;
+}
+
+#[tokio::test]
+async fn declared_lengths_are_charged_up_front_on_redis() {
+    let redis = RedisServer::start();
+    declared_lengths("bytes-declared-redis", &["--store", &redis.url()]).await;
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_charged_as_it_arrives_and_refused_mid_stream() {
+    streamed("bytes-streamed", &[]).await;
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_charged_as_it_arrives_on_redis() {
+    let redis = RedisServer::start();
+    streamed("bytes-streamed-redis", &["--store", &redis.url()]).await;
+}
+
+/// Uploads with a Content-Length, on the store `extra` names (memory by default).
+async fn declared_lengths(name: &str, extra: &[&str]) {
+    let (up, proxy) = gateway(name, extra).await;
     let c = Client::new();
     for left in [6000, 2000] {
         let r = upload(&c, &proxy, "alice", 4000).await;
@@ -159,10 +185,12 @@ async fn declared_lengths_are_charged_up_front_and_one_past_the_whole_limit_is_4
     );
 }
 
-#[tokio::test]
-async fn a_streamed_body_is_charged_as_it_arrives_and_refused_mid_stream() {
+/// Chunked uploads charged as they stream, on the store `extra` names.
+async fn streamed(name: &str, extra: &[&str]) {
     let admin = format!("127.0.0.1:{}", support::free_port());
-    let (up, proxy) = gateway("bytes-streamed", &["--admin-listen", &admin]).await;
+    let mut args = vec!["--admin-listen", admin.as_str()];
+    args.extend_from_slice(extra);
+    let (up, proxy) = gateway(name, &args).await;
     wait_for_200(&admin, "/readyz", "the admin listener").await;
     // 3 × 1,000 bytes fit: forwarded whole, and charged.
     let (head, sent) = chunked_upload(&proxy.addr, "carol", 3, 1000).await;
