@@ -335,9 +335,9 @@ async fn the_switch_applies_to_two_instances_under_load() {
         "under load, from the switch: shadow on each instance after {on:?}, enforcing on each after {off:?} (each + 300 ms steady); answers (OK, 429, failed) {:?}",
         [0, 1].map(|i| [seen(i, 0), seen(i, 1), seen(i, 2)])
     );
-    for i in 0..2 {
+    for (i, server) in servers.iter().enumerate() {
         assert_eq!(seen(i, 2), 0, "instance {i}: a request failed");
-        let metrics = servers[i].get_text("/metrics").await;
+        let metrics = server.get_text("/metrics").await;
         assert!(
             metrics.contains("tollgate_shadow_mode_total{domain=\"api\""),
             "instance {i} counted no would-be rejection in shadow"
