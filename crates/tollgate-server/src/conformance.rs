@@ -137,6 +137,26 @@ pub fn run_case(text: &str, store: &str, tls: Option<&RedisTls>) -> Vec<String> 
         {
             clock.advance_nanos(secs_f64_to_nanos(advance));
         }
+        // The project's cases may throw the emergency switch before a step's request.
+        if let Some(switch) = step.get_mapping("enforcement") {
+            let domain = switch.get_scalar("domain").map_or("*", |d| d.as_str());
+            let mode = switch
+                .get_scalar("mode")
+                .map_or("", |m| m.as_str())
+                .parse::<tollgate::limiter::Mode>()
+                .and_then(|mode| {
+                    limiter
+                        .enforcement()
+                        .set(domain, mode, "conformance", start)
+                });
+            if let Err(e) = mode {
+                failures.push(format!("step {}: {e}", i + 1));
+                continue;
+            }
+            if step.get_mapping("request").is_none() {
+                continue;
+            }
+        }
         let repeat = step
             .get_scalar("repeat")
             .and_then(|s| s.as_str().parse::<u64>().ok())
@@ -334,6 +354,16 @@ fn compare(response: &RateLimitResponse, expect: &MarkedMappingNode) -> Vec<Stri
                 out.push(format!(
                     "status {i}: overdraft {}, expected {}",
                     got.overdraft,
+                    flag.as_str()
+                ));
+            }
+        }
+        if let Some(flag) = want.get_scalar("shadow") {
+            let wanted = flag.as_str() == "true";
+            if wanted != got.shadow {
+                out.push(format!(
+                    "status {i}: shadow {}, expected {}",
+                    got.shadow,
                     flag.as_str()
                 ));
             }
