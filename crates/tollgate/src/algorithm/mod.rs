@@ -38,6 +38,7 @@ mod sliding_window;
 mod state;
 mod token_bucket;
 
+pub(crate) use bucket::warm_tick;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
@@ -45,5 +46,5 @@ pub use limit::{Algorithm, Consistency, InvalidLimit, Limit, Scope, StateKind};
 pub use lockout::Lockout;
 pub use sliding_log::{LogState, SlidingLog};
 pub use sliding_window::{SlidingWindow, WindowState, MARGIN, SUB_WINDOWS};
-pub use state::KeyState;
+pub use state::{KeyState, WarmState};
 pub use token_bucket::TokenBucket;
