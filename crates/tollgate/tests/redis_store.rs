@@ -124,10 +124,18 @@ fn limit() -> impl Strategy<Value = Limit> {
     // Small limits reach their edges within a trace; large ones (up to 20,000 a day)
     // exercise the scripts' wide arithmetic.
     let n = prop_oneof![3 => 0u64..12, 1 => 1_000u64..20_000];
-    // A third of the token buckets and GCRAs may go into debt (`overdraft`).
+    // A third of the token buckets and GCRAs may go into debt (`overdraft`), and of
+    // the others a half warm up (`warmup`, in ns: from a few intervals to minutes).
     let overdraft = prop_oneof![2 => Just(0u64), 1 => 1u64..10];
-    (0u8..7, n, window(), 1u64..15, overdraft, any::<bool>()).prop_map(
-        |(alg, n, w, burst, over, lock)| {
+    let warmup = prop_oneof![
+        1 => Just(0u64),
+        1 => 1_000_000u64..120_000_000_000,
+        1 => Just(30 * S),
+    ];
+    (0u8..7, n, window(), 1u64..15, (overdraft, warmup), any::<bool>()).prop_map(
+        |(alg, n, w, burst, (over, warm), lock)| {
+            let warm = if over > 0 { 0 } else { warm };
+            let warm = Duration::from_nanos(warm);
             let algorithm = match alg {
                 0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
                 1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
@@ -135,15 +143,31 @@ fn limit() -> impl Strategy<Value = Limit> {
                 3 => Algorithm::TokenBucket(
                     TokenBucket::new(n, w)
                         .with_burst(burst)
-                        .with_overdraft(over),
+                        .with_overdraft(over)
+                        .with_warmup(warm),
                 ),
-                4 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst).with_overdraft(over)),
+                4 => Algorithm::Gcra(
+                    Gcra::new(n, w)
+                        .with_burst(burst)
+                        .with_overdraft(over)
+                        .with_warmup(warm),
+                ),
                 5 => Algorithm::LeakyBucket(
                     LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst),
                 ),
                 _ => Algorithm::LeakyBucket(
                     LeakyBucket::new(n, w, LeakyMode::Queue).with_burst(burst),
                 ),
+            };
+            // A warm-up too long for its rate is refused: such a limit goes without it.
+            let algorithm = match algorithm {
+                Algorithm::TokenBucket(t) if Limit::new(algorithm).is_err() => {
+                    Algorithm::TokenBucket(t.with_warmup(Duration::ZERO))
+                }
+                Algorithm::Gcra(g) if Limit::new(algorithm).is_err() => {
+                    Algorithm::Gcra(g.with_warmup(Duration::ZERO))
+                }
+                a => a,
             };
             let l = Limit::new(algorithm).unwrap();
             if lock {
