@@ -132,8 +132,15 @@ fn limit() -> impl Strategy<Value = Limit> {
         1 => 1_000_000u64..120_000_000_000,
         1 => Just(30 * S),
     ];
-    (0u8..7, n, window(), 1u64..15, (overdraft, warmup), any::<bool>()).prop_map(
-        |(alg, n, w, burst, (over, warm), lock)| {
+    (
+        0u8..7,
+        n,
+        window(),
+        1u64..15,
+        (overdraft, warmup),
+        any::<bool>(),
+    )
+        .prop_map(|(alg, n, w, burst, (over, warm), lock)| {
             let warm = if over > 0 { 0 } else { warm };
             let warm = Duration::from_nanos(warm);
             let algorithm = match alg {
@@ -175,8 +182,7 @@ fn limit() -> impl Strategy<Value = Limit> {
             } else {
                 l
             }
-        },
-    )
+        })
 }
 
 /// `Req::advance` meaning "to the next whole hour".

@@ -139,7 +139,7 @@ pub enum InvalidLimit {
     #[error("a `warmup` cannot be combined with an `overdraft`: a key warming up admits at its cold rate, a debt admits beyond the bucket")]
     WarmupWithOverdraft,
     /// A warm-up too long for the rate: its stored permits would not stay exact.
-    #[error("a warm-up of {warmup_ms} ms is too long for {limit} per {window_ms} ms (with a burst of {burst}): `warmup` × the rate must stay within the exact range of the Redis scripts")]
+    #[error("a warm-up of {warmup_ms} ms is too long for {limit} per {window_ms} ms with a burst of {burst}: the stored permits of a cold key (warm-up × rate) would not stay exact; shorten `warmup`")]
     WarmupTooLong {
         /// The warm-up, in ms.
         warmup_ms: u64,

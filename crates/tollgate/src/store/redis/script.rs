@@ -243,7 +243,11 @@ fn describe(a: &Algorithm) -> String {
         0 => String::new(),
         p => format!(", warmup {p} ns"),
     };
-    format!("{}, {} per {window}{burst}{overdraft}{warmup}", a.name(), a.limit())
+    format!(
+        "{}, {} per {window}{burst}{overdraft}{warmup}",
+        a.name(),
+        a.limit()
+    )
 }
 
 impl Encoded {
