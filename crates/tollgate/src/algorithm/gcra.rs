@@ -26,6 +26,14 @@
 //! `remaining = floor(max(0, t + burst × window - tat) / window)` stays 0 until `now` has
 //! caught up with the debt. A cost above `burst + D` can never pass.
 //!
+//! **Warm-up.** With `warmup = P` (a rule file's `warmup`; never with an overdraft), a
+//! key that has been idle is cold: it admits at a third of its rate at first and reaches
+//! the full rate after `P` of use (Guava's `SmoothWarmingUp`, cold factor 3; the
+//! formula and its exact integer form are in `bucket.rs` and docs/algorithms.md,
+//! "Warm-up"). A request fits exactly as without the warm-up; an admission moves the
+//! instant further by the warm-up's extra time. The state is then a [`WarmState`]
+//! ([`with_warmup`](Gcra::with_warmup), [`check_warm`](Gcra::check_warm)).
+//!
 //! **Example** (`tests/cases/tollgate/02-gcra.yaml`). 10 per second, burst 5: five pass
 //! at once, then one every 100 ms.
 //! ```

@@ -45,6 +45,14 @@
 //! assert_eq!(tb.check(&mut state, 400 * MS, 0).remaining, 1);
 //! ```
 //!
+//! **Warm-up.** With `warmup = P` (a rule file's `warmup`; never with an overdraft), a
+//! key that has been idle is cold: it admits at a third of its rate at first and reaches
+//! the full rate after `P` of use (Guava's `SmoothWarmingUp`, cold factor 3; the
+//! formula and its exact integer form are in `bucket.rs` and docs/algorithms.md,
+//! "Warm-up"). A request fits exactly as without the warm-up; an admission moves the
+//! instant further by the warm-up's extra time. The state is then a [`WarmState`]
+//! ([`with_warmup`](TokenBucket::with_warmup), [`check_warm`](TokenBucket::check_warm)).
+//!
 //! **Example** (`tests/cases/tollgate/01-token-bucket.yaml`). 10 per second, burst 20:
 //! 20 pass at once, then 100 ms later exactly one more.
 //! ```
