@@ -40,7 +40,9 @@
 //!   [`RateLimitRequest`] (issue target: under 500 ns).
 //! - `features_decision`: the same on a one-rule domain, `plain`, against the same limit
 //!   shared by priority classes with the request naming its class, `priority` (target:
-//!   at most 1.3× `plain`).
+//!   at most 1.3× `plain`); and a token bucket, `token_bucket`, against the same with a
+//!   warm-up whose key stays cold, `token_bucket_warmup` (target: at most 1.3×
+//!   `token_bucket`).
 //!
 //! Run with:
 //!
@@ -259,6 +261,17 @@ fn main() {
         Limiter::new(Arc::new(Rules::fixed(set)), MemoryStore::new())
     };
     let (plain, classes) = (small(plain_rules), small(&priority_rules));
+    // A token bucket far from its limit, without and with a warm-up (the key stays
+    // cold for the whole run: every admission computes the warm-up's extra time).
+    let bucket_rules = plain_rules.replace(
+        "requests_per_unit: 4000000000}",
+        "requests_per_unit: 4000000000, algorithm: token_bucket}",
+    );
+    let warm_rules = plain_rules.replace(
+        "requests_per_unit: 4000000000}",
+        "requests_per_unit: 4000000000, algorithm: token_bucket, warmup: 1h}",
+    );
+    let (bucket, warm) = (small(&bucket_rules), small(&warm_rules));
     let plain_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")]]);
     let class_request =
         RateLimitRequest::new("tc", [vec![("tenant", "acme"), ("priority", "critical")]]);
@@ -275,6 +288,21 @@ fn main() {
         b.iter(|| {
             classes
                 .check_now(black_box(&class_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("token_bucket", |b| {
+        b.iter(|| {
+            bucket
+                .check_now(black_box(&plain_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("token_bucket_warmup", |b| {
+        b.iter(|| {
+            warm.check_now(black_box(&plain_request))
                 .expect("a decision")
                 .overall
         });

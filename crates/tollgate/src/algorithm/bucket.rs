@@ -39,7 +39,8 @@
 //! `extra = (A − B)(A + B) / (2M)` (Guava's trapezoid: each permit above the threshold
 //! costs from one interval at `T` to three at `M`), rounded up to a multiple of the grid
 //! `G = tick × gcd(limit, window / tick)` (`warm_tick`: the unit of the Redis scripts'
-//! arithmetic for this limit, so both round alike); then `σ` drops by `min(need, σ)`.
+//! arithmetic for this limit, computed in that unit as they compute it, so both round
+//! alike); then `σ` drops by `min(need, σ)`.
 //! The rounding adds less than `G / limit` ns (below one tick) per admission, and
 //! nothing once the key is warm (`σ ≤ T`: `A = 0`). Since the admission test is the
 //! bucket's and the instant only moves further, a warm-up never admits more than the
@@ -209,7 +210,7 @@ impl Bucket {
             .fresh
             .scaled_instant(self.limit)
             .saturating_sub(now as u128 * self.limit as u128);
-        let used = (state.used as u128).min(fresh);
+        let used = state.used.min(fresh);
         (fresh - used, used)
     }
 
@@ -222,26 +223,30 @@ impl Bucket {
                 word: 0,
             }
             .advanced(ahead + used, self.limit),
-            used: u64::try_from(used).unwrap_or(u64::MAX),
+            used,
         }
     }
 
     /// The time a request of `need` (scaled) admitted `used` from fully cold adds to the
-    /// bucket's instant beyond `need` (see the module documentation, "Warm-up").
+    /// bucket's instant beyond `need` (see the module documentation, "Warm-up"),
+    /// computed in units of the grid `G` (as the scripts compute it): `M`, `need` and
+    /// (`used` being one) `A` and `B` are whole multiples of it wherever now is a whole
+    /// number of ticks (always at 1 ns), and `used` is otherwise taken down to one
+    /// (a colder key: more time, never less).
     fn warm_extra(&self, used: u128, need: u128) -> u128 {
         let m = self.warm_max();
-        let a = m.saturating_sub(2 * used);
-        if a == 0 {
+        if m <= 2 * used {
             return 0;
         }
-        let b = a.saturating_sub(2 * need);
         let grid = match warm_tick(self.limit, self.window, self.burst, self.warmup) {
             Some((tick, g)) => tick as u128 * g as u128,
             None => 1,
         };
-        // (a − b)(a + b) ≤ 2^126: a ≤ M < 2^62 (Limit::new).
-        let num = (a - b) * (a + b);
-        num.div_ceil((2 * m).saturating_mul(grid)) * grid
+        // M / G < 2^49 (`warm_tick`), so the products stay below 2^100.
+        let (m, used, need) = (m / grid, used / grid, need / grid);
+        let a = m.saturating_sub(2 * used);
+        let b = a.saturating_sub(2 * need);
+        ((a - b) * (a + b)).div_ceil(2 * m) * grid
     }
 
     /// [`check`](Self::check) with a warm-up, on its [`WarmState`].

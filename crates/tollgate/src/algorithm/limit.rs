@@ -36,7 +36,7 @@ pub enum StateKind {
     Log,
     /// A [`WindowState`]: the sliding window counter.
     Window,
-    /// A 24-byte [`WarmState`]: a token bucket or GCRA with a warm-up.
+    /// A 32-byte [`WarmState`]: a token bucket or GCRA with a warm-up.
     Warm,
 }
 
@@ -167,9 +167,7 @@ impl Limit {
             if overdraft > 0 {
                 return Err(InvalidLimit::WarmupWithOverdraft);
             }
-            let fits = u128::from(warmup) * u128::from(limit) < 1 << 62
-                && super::bucket::warm_tick(limit, window, burst, warmup).is_some();
-            if !fits {
+            if super::bucket::warm_tick(limit, window, burst, warmup).is_none() {
                 return Err(InvalidLimit::WarmupTooLong {
                     warmup_ms: warmup / 1_000_000,
                     limit,

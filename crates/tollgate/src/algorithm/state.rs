@@ -33,7 +33,7 @@ impl KeyState {
 
 /// Per-key state of a token bucket or GCRA with a warm-up (`warmup`; see
 /// `docs/algorithms.md`, "Warm-up"): the bucket's exact instant and how warm the key is,
-/// in 24 bytes.
+/// in 32 bytes.
 ///
 /// Kept as the exact instant `fresh` from which the key is fresh again (its bucket full
 /// and the key fully cold: the same as [`WarmState::default()`], so a store may drop it)
@@ -49,7 +49,7 @@ pub struct WarmState {
     pub fresh: KeyState,
     /// How far from fully cold the key is at its bucket's instant, scaled by `window`
     /// per unit (0: fully cold).
-    pub used: u64,
+    pub used: u128,
 }
 
 impl WarmState {

@@ -18,7 +18,7 @@
 //! ## Memory
 //! A key costs one 8-byte fingerprint and a 16-byte [`KeyState`] in a hash table
 //! (about 50 bytes per key at load), a [`LogState`] for the sliding log, a 296-byte
-//! [`WindowState`] for the sliding window counter, a 24-byte
+//! [`WindowState`] for the sliding window counter, a 32-byte
 //! [`WarmState`](crate::algorithm::WarmState) for a bucket with a warm-up, and 8 bytes
 //! more while it is locked out. Memory stays bounded three ways:
 //! - a state that has become fresh again (full bucket, ended window) is the same as no
