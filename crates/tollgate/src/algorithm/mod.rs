@@ -38,6 +38,7 @@ mod sliding_window;
 mod state;
 mod token_bucket;
 
+#[cfg(feature = "redis")]
 pub(crate) use bucket::warm_tick;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
