@@ -137,6 +137,28 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     #[test]
+    fn a_warm_up_takes_the_locked_path_and_decides_as_the_store() {
+        let limit = Limit::new(Algorithm::Gcra(
+            Gcra::new(10, Duration::from_secs(1))
+                .with_burst(2)
+                .with_warmup(Duration::from_secs(3)),
+        ))
+        .unwrap();
+        let d = DirectLimiter::new(limit);
+        assert!(
+            !d.is_lock_free(),
+            "a whole interval, but two numbers of state"
+        );
+        let store = crate::store::MemoryStore::new();
+        for i in 0..600u64 {
+            let now = S + i * 17_000_000;
+            let cost = i % 3;
+            let want = store.check_one(now, &crate::store::Check::new(&limit, "k", cost));
+            assert_eq!(d.check(now, cost), want, "request {i}");
+        }
+    }
+
+    #[test]
     fn a_fractional_interval_takes_the_locked_path_and_stays_exact() {
         let d = DirectLimiter::new(
             Limit::new(Algorithm::Gcra(
