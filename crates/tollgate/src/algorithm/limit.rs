@@ -518,6 +518,40 @@ mod tests {
     }
 
     #[test]
+    fn a_warm_up_keeps_its_own_state_and_id_and_is_refused_where_it_cannot_be_kept() {
+        let plain = Gcra::new(10, Duration::from_secs(1));
+        let warm = plain.with_warmup(Duration::from_secs(30));
+        let (a, b) = (
+            Limit::new(Algorithm::Gcra(plain)).unwrap(),
+            Limit::new(Algorithm::Gcra(warm)).unwrap(),
+        );
+        assert_ne!(a.id(), b.id());
+        assert_eq!(
+            (a.state_kind(), b.state_kind()),
+            (StateKind::Key, StateKind::Warm)
+        );
+        assert_eq!(b.algorithm().warmup(), 30_000_000_000);
+        for c in [
+            Consistency::Leased { period: 1 },
+            Consistency::Synced { interval: 1 },
+        ] {
+            assert!(b.with_consistency(c).consistency_conflict().is_some());
+        }
+        let tb = TokenBucket::new(10, Duration::from_secs(1)).with_warmup(Duration::from_secs(1));
+        assert_eq!(
+            Limit::new(Algorithm::TokenBucket(tb.with_overdraft(1))),
+            Err(InvalidLimit::WarmupWithOverdraft)
+        );
+        // 2^33 per second warming up over a day: its stored permits pass every tick's range.
+        let fast = TokenBucket::new(1 << 33, Duration::from_secs(1))
+            .with_warmup(Duration::from_nanos(86_399_999_999_999));
+        assert!(matches!(
+            Limit::new(Algorithm::TokenBucket(fast)),
+            Err(InvalidLimit::WarmupTooLong { .. })
+        ));
+    }
+
+    #[test]
     fn limits_with_other_numbers_get_other_ids() {
         let a = Limit::new(Algorithm::Gcra(Gcra::new(10, Duration::from_secs(1)))).unwrap();
         let b = Limit::new(Algorithm::Gcra(Gcra::new(11, Duration::from_secs(1)))).unwrap();

@@ -98,14 +98,14 @@ local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
 end
 
 -- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL,
--- over `raw` (the state read; false: none).
-local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
+-- over `raw` (the state read; false: none); `used` the 4th slot (a warm-up's; nil: 0).
+local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r, used)
   local whole = cdiv(x, r)
   local q, n = divmod(nn + whole, tps)
   local ms = SLACK_MS
   if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
   if ms < 1 then ms = 1 end
-  local state = PACK('dddd', ns + q, n * tick, whole * r - x, 0)
+  local state = PACK('dddd', ns + q, n * tick, whole * r - x, used or 0)
   if raw then
     CALL('SET', key, state, 'PX', px(ms))
   else
@@ -224,12 +224,34 @@ end
 -- ALONE[alg] of a bucket algorithm (a lone check, with its state read and written
 -- here: see ALONE in fixed_window.lua), `empties` as bucket_decide's. `extra` is the
 -- check's last argument: the leaky bucket's queue (`leaky`: 1 for a queue), the token
--- bucket's and GCRA's overdraft otherwise (or, from WARM on, a warm-up, which has no
--- fast path: nil).
+-- bucket's and GCRA's overdraft otherwise (or, from WARM on, a warm-up's M).
 local function bucket_alone(empties, leaky)
   return function(tick, limit, _, burst, r, wr, cost, extra, ns, nn, tps)
-    -- A warm-up takes the general path (nil: no fast path).
-    if not leaky and extra >= WARM then return nil end
+    if not leaky and extra >= WARM then
+      -- A warm-up (warm_read, warm_decide and warm_state written out).
+      local m = extra - WARM
+      return function(key, raw)
+        if limit == 0 then return 0, 0, 0, NEVER, 0 end
+        if raw == nil then raw = CALL('GET', key) end
+        local x, u = 0, 0
+        if raw then
+          local s, sn, deficit, used = UNPACK('dddd', raw)
+          local y = sn / tick
+          local d = (s - ns) * tps + ((y - y % 1) - nn)
+          if d >= 0 then
+            local f = d * r - deficit
+            if f > 0 then
+              u = used
+              if u > f then u = f end
+              x = f - u
+            end
+          end
+        end
+        local a, b, c, d, e, nx, nu = warm_decide(x, u, cost, burst, r, wr, m, empties)
+        if nx then lone_bucket_put(key, raw, nx + nu, tick, ns, nn, tps, r, nu) end
+        return a, b, c, d, e
+      end
+    end
     local queue, over = false, extra
     if leaky then queue, over = extra == 1, 0 end
     return function(key, raw)
