@@ -986,6 +986,32 @@ fn lone_checks_set_ttls_just_past_the_time_they_matter() {
         ttl > 1_000 && ttl <= 2_002,
         "{name}: PTTL {ttl} ms (full again in 2 s)"
     );
+
+    // A warm-up's key lives until it is fresh: its bucket full (2.933333334 s after a
+    // cold key's first request at 1 per second, warm-up 30 s) and cold again (1 s
+    // later), on the fast path and on the general path (a lockout takes it) alike.
+    let warm = Limit::new(Algorithm::Gcra(
+        Gcra::new(1, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(30)),
+    ))
+    .unwrap();
+    let locked = warm
+        .with_lockout(Duration::from_secs(1))
+        .with_id(warm.id() ^ 1);
+    for (limit, key) in [(&warm, "wu"), (&locked, "wl")] {
+        assert!(
+            rt.block_on(store.check(0, &[Check::new(limit, key, 1)]))
+                .unwrap()[0]
+                .allowed
+        );
+        let name = key_of(key);
+        let ttl = pttl(&name);
+        assert!(
+            ttl > 3_000 && ttl <= 3_936,
+            "{name}: PTTL {ttl} ms (fresh again in 3.93 s)"
+        );
+    }
 }
 
 #[test]

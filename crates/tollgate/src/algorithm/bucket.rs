@@ -229,10 +229,10 @@ impl Bucket {
 
     /// The time a request of `need` (scaled) admitted `used` from fully cold adds to the
     /// bucket's instant beyond `need` (see the module documentation, "Warm-up"),
-    /// computed in units of the grid `G` (as the scripts compute it): `M`, `need` and
-    /// (`used` being one) `A` and `B` are whole multiples of it wherever now is a whole
-    /// number of ticks (always at 1 ns), and `used` is otherwise taken down to one
-    /// (a colder key: more time, never less).
+    /// computed in units of the grid `G` (as the scripts compute it): `M` and `need` are
+    /// whole multiples of it, and so is `used` wherever now is a whole number of ticks
+    /// (always at 1 ns); otherwise `used` is taken down to one (a colder key: more time,
+    /// never less). A key at or below the threshold (`2 × used ≥ M`) takes none.
     fn warm_extra(&self, used: u128, need: u128) -> u128 {
         let m = self.warm_max();
         if m <= 2 * used {
