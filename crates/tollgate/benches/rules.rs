@@ -41,9 +41,11 @@
 //! - `features_decision`: the same on a one-rule domain, `plain`, against the same limit
 //!   shared by priority classes with the request naming its class, `priority`; a limit
 //!   that may borrow from a pool, within its own limit (`borrow_within_own`) and past it
-//!   (`borrow_past_own`) (target: at most 1.3× `plain`); and `two_counters`, the store
-//!   work of a borrowing decision without borrowing (two limits, one of them on a key
-//!   every request shares).
+//!   (`borrow_past_own`) (target: at most 1.3× `plain`); `two_counters`, the store work
+//!   of a borrowing decision without borrowing (two limits, one of them on a key every
+//!   request shares); and a token bucket, `token_bucket`, against the same with a
+//!   warm-up whose key stays cold, `token_bucket_warmup` (target: at most 1.3×
+//!   `token_bucket`).
 //!
 //! Run with:
 //!
@@ -279,6 +281,17 @@ fn main() {
         "{plain_rules}  - key: all\n    rate_limit: {{unit: hour, requests_per_unit: 4000000000}}\n"
     ));
     let two_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")], vec![("all", "x")]]);
+    // A token bucket far from its limit, without and with a warm-up (the key stays
+    // cold for the whole run: every admission computes the warm-up's extra time).
+    let bucket_rules = plain_rules.replace(
+        "requests_per_unit: 4000000000}",
+        "requests_per_unit: 4000000000, algorithm: token_bucket}",
+    );
+    let warm_rules = plain_rules.replace(
+        "requests_per_unit: 4000000000}",
+        "requests_per_unit: 4000000000, algorithm: token_bucket, warmup: 1h}",
+    );
+    let (bucket, warm) = (small(&bucket_rules), small(&warm_rules));
     let plain_request = RateLimitRequest::new("tc", [vec![("tenant", "acme")]]);
     let class_request =
         RateLimitRequest::new("tc", [vec![("tenant", "acme"), ("priority", "critical")]]);
@@ -319,6 +332,21 @@ fn main() {
         b.iter(|| {
             borrowing
                 .check_now(black_box(&plain_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("token_bucket", |b| {
+        b.iter(|| {
+            bucket
+                .check_now(black_box(&plain_request))
+                .expect("a decision")
+                .overall
+        });
+    });
+    group.bench_function("token_bucket_warmup", |b| {
+        b.iter(|| {
+            warm.check_now(black_box(&plain_request))
                 .expect("a decision")
                 .overall
         });

@@ -2,7 +2,7 @@
 //! in-process check, for a limit that protects one thing (a database, a downstream API).
 //!
 //! For GCRA, token bucket and leaky bucket (meter or queue) without a lockout, when
-//! `window / limit` is a whole number of nanoseconds, the state is a single atomic
+//! `window / limit` is a whole number of nanoseconds (and no warm-up), the state is a single atomic
 //! word updated by compare-and-swap: every instant the algorithm stores is then a whole
 //! nanosecond, so the [`KeyState`] deficit is always 0 and only `expires_at` needs
 //! storing. Every other limit runs under a mutex. Both paths call the same pure
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::algorithm::{Algorithm, KeyState, Limit, LogState, StateKind, WindowState};
+use crate::algorithm::{Algorithm, KeyState, Limit, LogState, StateKind, WarmState, WindowState};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 
@@ -44,6 +44,7 @@ struct Locked {
     key: KeyState,
     log: LogState,
     window: WindowState,
+    warm: WarmState,
     blocked_until: Nanos,
 }
 
@@ -56,7 +57,8 @@ impl DirectLimiter {
             }
             _ => false,
         };
-        let path = if whole_interval && limit.lockout().is_none() {
+        let plain = limit.state_kind() == StateKind::Key && limit.lockout().is_none();
+        let path = if whole_interval && plain {
             Path::LockFree(AtomicU64::new(0))
         } else {
             Path::Locked(Box::default())
@@ -106,12 +108,14 @@ impl DirectLimiter {
                     key,
                     log,
                     window,
+                    warm,
                     blocked_until,
                 } = &mut *s;
                 let mut run = |now| match self.limit.state_kind() {
                     StateKind::Key => self.limit.check_key(key, now, cost),
                     StateKind::Log => self.limit.check_log(log, now, cost),
                     StateKind::Window => self.limit.check_window(window, now, cost),
+                    StateKind::Warm => self.limit.check_warm(warm, now, cost),
                 };
                 match self.limit.lockout() {
                     Some(lockout) => lockout.check(blocked_until, now, self.limit.limit(), run),
@@ -131,6 +135,28 @@ mod tests {
     use crate::algorithm::{FixedWindow, Gcra, TokenBucket};
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_warm_up_takes_the_locked_path_and_decides_as_the_store() {
+        let limit = Limit::new(Algorithm::Gcra(
+            Gcra::new(10, Duration::from_secs(1))
+                .with_burst(2)
+                .with_warmup(Duration::from_secs(3)),
+        ))
+        .unwrap();
+        let d = DirectLimiter::new(limit);
+        assert!(
+            !d.is_lock_free(),
+            "a whole interval, but two numbers of state"
+        );
+        let store = crate::store::MemoryStore::new();
+        for i in 0..600u64 {
+            let now = S + i * 17_000_000;
+            let cost = i % 3;
+            let want = store.check_one(now, &crate::store::Check::new(&limit, "k", cost));
+            assert_eq!(d.check(now, cost), want, "request {i}");
+        }
+    }
 
     #[test]
     fn a_fractional_interval_takes_the_locked_path_and_stays_exact() {

@@ -1,4 +1,5 @@
-//! The worked cases of `tests/cases/tollgate/` (and the project's overdraft cases) that
+//! The worked cases of `tests/cases/tollgate/` (and the project's overdraft and warm-up
+//! cases) that
 //! need only the algorithms (one
 //! descriptor, one entry, one limit), run on the in-memory store with a manual clock.
 //!
@@ -18,7 +19,7 @@ use tollgate::algorithm::{
 use tollgate::clock::{secs_f64_to_nanos, Clock, ManualClock, NANOS_PER_SEC};
 use tollgate::store::{Check, MemoryStore};
 
-const ALGORITHM_ONLY: [&str; 7] = [
+const ALGORITHM_ONLY: [&str; 9] = [
     "01-token-bucket.yaml",
     "02-gcra.yaml",
     "03-sliding-window.yaml",
@@ -27,6 +28,8 @@ const ALGORITHM_ONLY: [&str; 7] = [
     // The project's own (tests/cases/project/), beside the shared ones.
     "../project/19-overdraft.yaml",
     "../project/20-overdraft-gcra.yaml",
+    "../project/23-warmup.yaml",
+    "../project/24-warmup-gcra.yaml",
 ];
 
 fn cases_dir() -> PathBuf {
@@ -75,6 +78,9 @@ fn limit_of(config: &Value) -> (String, Limit, String) {
     let window = Duration::from_secs(unit_seconds(&unit));
     let burst = field(rl, "burst").and_then(Value::as_u64).unwrap_or(n);
     let overdraft = field(rl, "overdraft").and_then(Value::as_u64).unwrap_or(0);
+    let warmup = field(rl, "warmup")
+        .and_then(Value::as_str)
+        .map_or(Duration::ZERO, duration);
     let algorithm = match field(rl, "algorithm")
         .and_then(Value::as_str)
         .unwrap_or("fixed_window")
@@ -85,12 +91,14 @@ fn limit_of(config: &Value) -> (String, Limit, String) {
         "token_bucket" => Algorithm::TokenBucket(
             TokenBucket::new(n, window)
                 .with_burst(burst)
-                .with_overdraft(overdraft),
+                .with_overdraft(overdraft)
+                .with_warmup(warmup),
         ),
         "gcra" => Algorithm::Gcra(
             Gcra::new(n, window)
                 .with_burst(burst)
-                .with_overdraft(overdraft),
+                .with_overdraft(overdraft)
+                .with_warmup(warmup),
         ),
         "leaky_bucket" => {
             Algorithm::LeakyBucket(LeakyBucket::new(n, window, LeakyMode::Meter).with_burst(burst))

@@ -124,10 +124,25 @@ fn limit() -> impl Strategy<Value = Limit> {
     // Small limits reach their edges within a trace; large ones (up to 20,000 a day)
     // exercise the scripts' wide arithmetic.
     let n = prop_oneof![3 => 0u64..12, 1 => 1_000u64..20_000];
-    // A third of the token buckets and GCRAs may go into debt (`overdraft`).
+    // A third of the token buckets and GCRAs may go into debt (`overdraft`), and of
+    // the others a half warm up (`warmup`, in ns: from a few intervals to minutes).
     let overdraft = prop_oneof![2 => Just(0u64), 1 => 1u64..10];
-    (0u8..7, n, window(), 1u64..15, overdraft, any::<bool>()).prop_map(
-        |(alg, n, w, burst, over, lock)| {
+    let warmup = prop_oneof![
+        1 => Just(0u64),
+        1 => 1_000_000u64..120_000_000_000,
+        1 => Just(30 * S),
+    ];
+    (
+        0u8..7,
+        n,
+        window(),
+        1u64..15,
+        (overdraft, warmup),
+        any::<bool>(),
+    )
+        .prop_map(|(alg, n, w, burst, (over, warm), lock)| {
+            let warm = if over > 0 { 0 } else { warm };
+            let warm = Duration::from_nanos(warm);
             let algorithm = match alg {
                 0 => Algorithm::FixedWindow(FixedWindow::new(n, w)),
                 1 => Algorithm::SlidingWindow(SlidingWindow::new(n, w)),
@@ -135,9 +150,15 @@ fn limit() -> impl Strategy<Value = Limit> {
                 3 => Algorithm::TokenBucket(
                     TokenBucket::new(n, w)
                         .with_burst(burst)
-                        .with_overdraft(over),
+                        .with_overdraft(over)
+                        .with_warmup(warm),
                 ),
-                4 => Algorithm::Gcra(Gcra::new(n, w).with_burst(burst).with_overdraft(over)),
+                4 => Algorithm::Gcra(
+                    Gcra::new(n, w)
+                        .with_burst(burst)
+                        .with_overdraft(over)
+                        .with_warmup(warm),
+                ),
                 5 => Algorithm::LeakyBucket(
                     LeakyBucket::new(n, w, LeakyMode::Meter).with_burst(burst),
                 ),
@@ -145,14 +166,23 @@ fn limit() -> impl Strategy<Value = Limit> {
                     LeakyBucket::new(n, w, LeakyMode::Queue).with_burst(burst),
                 ),
             };
+            // A warm-up too long for its rate is refused: such a limit goes without it.
+            let algorithm = match algorithm {
+                Algorithm::TokenBucket(t) if Limit::new(algorithm).is_err() => {
+                    Algorithm::TokenBucket(t.with_warmup(Duration::ZERO))
+                }
+                Algorithm::Gcra(g) if Limit::new(algorithm).is_err() => {
+                    Algorithm::Gcra(g.with_warmup(Duration::ZERO))
+                }
+                a => a,
+            };
             let l = Limit::new(algorithm).unwrap();
             if lock {
                 l.with_lockout(Duration::from_secs(5))
             } else {
                 l
             }
-        },
-    )
+        })
 }
 
 /// `Req::advance` meaning "to the next whole hour".
@@ -956,6 +986,32 @@ fn lone_checks_set_ttls_just_past_the_time_they_matter() {
         ttl > 1_000 && ttl <= 2_002,
         "{name}: PTTL {ttl} ms (full again in 2 s)"
     );
+
+    // A warm-up's key lives until it is fresh: its bucket full (2.933333334 s after a
+    // cold key's first request at 1 per second, warm-up 30 s) and cold again (1 s
+    // later), on the fast path and on the general path (a lockout takes it) alike.
+    let warm = Limit::new(Algorithm::Gcra(
+        Gcra::new(1, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(30)),
+    ))
+    .unwrap();
+    let locked = warm
+        .with_lockout(Duration::from_secs(1))
+        .with_id(warm.id() ^ 1);
+    for (limit, key) in [(&warm, "wu"), (&locked, "wl")] {
+        assert!(
+            rt.block_on(store.check(0, &[Check::new(limit, key, 1)]))
+                .unwrap()[0]
+                .allowed
+        );
+        let name = key_of(key);
+        let ttl = pttl(&name);
+        assert!(
+            ttl > 3_000 && ttl <= 3_936,
+            "{name}: PTTL {ttl} ms (fresh again in 3.93 s)"
+        );
+    }
 }
 
 #[test]

@@ -929,6 +929,97 @@ descriptors:
     }
 
     #[test]
+    fn a_warm_up_starts_a_cold_key_at_a_third_of_the_rate() {
+        // 10 per second, burst 1, warm-up 3 s: after the first request the next fits
+        // 293,333,334 ns later (nearly three intervals), not 100 ms.
+        let (l, clock) = limiter("domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra, burst: 1, warmup: 3s}\n");
+        let code = |l: &Limiter| l.check_now(&req("w", &[("k", "v")])).unwrap().statuses[0].code;
+        assert_eq!(code(&l), Code::Ok);
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(code(&l), Code::OverLimit);
+        clock.advance(Duration::from_nanos(193_333_333));
+        assert_eq!(code(&l), Code::OverLimit);
+        clock.advance(Duration::from_nanos(1));
+        assert_eq!(code(&l), Code::Ok);
+    }
+
+    #[test]
+    fn warmup_is_checked() {
+        let rule =
+            |limit: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {limit}\n");
+        for (limit, want) in [
+            (
+                "{unit: second, requests_per_unit: 1, warmup: 30s}",
+                "4:62: `warmup` applies only to token_bucket and gcra (a bucket whose idle keys start cold)",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: leaky_bucket, warmup: 30s}",
+                "4:87: `warmup` applies only to token_bucket and gcra (a bucket whose idle keys start cold)",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: sliding_window, warmup: 30s}",
+                "4:89: `warmup` applies only to token_bucket and gcra (a bucket whose idle keys start cold)",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: gcra, warmup: 0s}",
+                "4:79: `warmup` must be longer than zero (leave it out for no warm-up)",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: gcra, warmup: soon}",
+                "4:79: `warmup` must be a duration such as 500ms, 30s, 5m or 1h",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: gcra, warmup: 2d}",
+                "4:79: `warmup` may be at most 1d (a cold key is kept that long after its last request)",
+            ),
+            (
+                "{unit: second, requests_per_unit: 1, algorithm: gcra, overdraft: 2, warmup: 30s}",
+                "4:93: `warmup` cannot be combined with `overdraft`: a cold key admits at a third of the rate, a debt admits beyond the bucket",
+            ),
+            (
+                "{unlimited: true, warmup: 30s}",
+                "4:43: an `unlimited` rate limit cannot also have a `warmup`",
+            ),
+            (
+                "{unit: second, requests_per_unit: 4294967291, algorithm: token_bucket, warmup: 86399999ms}",
+                "4:96: a warm-up of 86399999 ms is too long for 4294967291 per 1000 ms with a burst of 4294967291: the stored permits of a cold key (warm-up × rate) would not stay exact; shorten `warmup`",
+            ),
+            (
+                "{unit: second, requests_per_unit: 5, algorithm: gcra, warmup: 30s, block_duration: 30d}",
+                "4:79: `warmup` cannot be combined with a `block_duration` above 26d",
+            ),
+            (
+                "{unit: second, requests_per_unit: 5, algorithm: gcra, warmup: 30s, priority: {from: p, shares: {a: 100%, b: 50%}, default_class: b}}",
+                "4:79: `warmup` cannot be combined with `priority`: the classes share one counter, and how warm it is would be each class's",
+            ),
+        ] {
+            assert_eq!(errors(&rule(limit)), [want], "{limit}");
+        }
+        assert_eq!(
+            errors("domain: d\nconsistency: leased\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, warmup: 30s}\n"),
+            ["5:18: `consistency: leased` cannot count this gcra limit: a `warmup` slows each admission by how warm the key is on the shared state, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+        assert_eq!(
+            errors("domain: d\nconsistency: synced\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, warmup: 30s}\n"),
+            ["5:18: `consistency: synced` cannot count this token_bucket limit: a `warmup` slows each admission by how warm the key is on the shared state, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, warmup: 1m}\n"),
+            ["5:18: `consistency: leased` cannot count this token_bucket limit: a `warmup` slows each admission by how warm the key is on the shared state, which units taken ahead cannot keep; give it `consistency: exact` (on its descriptor)"]
+        );
+        // Accepted: the buckets, in every duration syntax, up to a day.
+        for ok in [
+            "{unit: second, requests_per_unit: 1, algorithm: token_bucket, warmup: 30}",
+            "{unit: minute, requests_per_unit: 60, algorithm: gcra, burst: 10, warmup: 500ms}",
+            "{unit: second, requests_per_unit: 1000, algorithm: gcra, warmup: 1d}",
+            "{unit: hour, requests_per_unit: 7, algorithm: token_bucket, warmup: 15m, overdraft: 0}",
+        ] {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {ok}\n");
+            assert!(from_str("f.yaml", &text).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
     fn soft_throttling_admits_the_overage_and_flags_it() {
         let (l, _) = limiter("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, overage_percent: 50}\n");
         let results: Vec<_> = (0..16)

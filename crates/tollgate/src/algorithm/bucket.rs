@@ -26,8 +26,27 @@
 //! ([`Decision::overdraft`]). A rejection reports as above, `retry_after =
 //! ceil((ahead + need − tolerance) / limit)`, [`NEVER`] when `cost > burst + D`. A charge
 //! the bucket could not hold stops at two tolerances past now.
+//!
+//! **Warm-up** (token bucket and GCRA, `warmup = P` ns; never with an overdraft):
+//! Guava's `SmoothWarmingUp` with a cold factor of 3, deciding rather than waiting. The
+//! key keeps `σ`, its stored permits scaled by `window` (what [`WarmState`] keeps is
+//! `u = M − σ`): `σ` grows by `limit` per ns while the bucket is full (now past its
+//! instant), up to `M = P × limit`; a fresh key is fully cold (`σ = M`). A request fits
+//! exactly as in the bucket without warm-up (`ahead + need ≤ capacity`). Once admitted,
+//! the instant moves by `need + extra` instead of `need`, where, with `A = max(0, 2σ − M)`
+//! and `B = max(0, A − 2 × need)` (twice the stored permits above the threshold
+//! `T = M / 2`, before and after the request takes `need` of them),
+//! `extra = (A − B)(A + B) / (2M)` (Guava's trapezoid: each permit above the threshold
+//! costs from one interval at `T` to three at `M`), rounded up to a multiple of the grid
+//! `G = tick × gcd(limit, window / tick)` (`warm_tick`: the unit of the Redis scripts'
+//! arithmetic for this limit, computed in that unit as they compute it, so both round
+//! alike); then `σ` drops by `min(need, σ)`.
+//! The rounding adds less than `G / limit` ns (below one tick) per admission, and
+//! nothing once the key is warm (`σ ≤ T`: `A = 0`). Since the admission test is the
+//! bucket's and the instant only moves further, a warm-up never admits more than the
+//! same bucket without one.
 
-use super::KeyState;
+use super::{KeyState, WarmState};
 use crate::clock::Nanos;
 use crate::decision::{Decision, NEVER};
 
@@ -40,6 +59,8 @@ pub(crate) struct Bucket {
     burst: u64,
     /// The debt the bucket may run into, in units (0: none).
     overdraft: u64,
+    /// The warm-up period in ns (0: none).
+    warmup: Nanos,
 }
 
 /// What a bucket holding a debt (past its capacity, after a charge it could not hold)
@@ -62,7 +83,14 @@ impl Bucket {
             window: window.max(1),
             burst,
             overdraft: 0,
+            warmup: 0,
         }
+    }
+
+    /// Warms a key up over `warmup` ns (see the module documentation).
+    pub(crate) fn with_warmup(mut self, warmup: Nanos) -> Self {
+        self.warmup = warmup;
+        self
     }
 
     /// Lets the bucket go `overdraft` units into debt (see the module documentation).
@@ -167,6 +195,178 @@ impl Bucket {
         );
         (decision, ahead)
     }
+}
+
+impl Bucket {
+    /// `M = warmup × limit`: the stored permits of a fully cold key, scaled.
+    fn warm_max(&self) -> u128 {
+        self.warmup as u128 * self.limit as u128
+    }
+
+    /// A warm state's bucket instant ahead of `now` and how far from fully cold the key
+    /// is at `now` (both scaled by `limit`).
+    fn warm_read(&self, state: &WarmState, now: Nanos) -> (u128, u128) {
+        let fresh = state
+            .fresh
+            .scaled_instant(self.limit)
+            .saturating_sub(now as u128 * self.limit as u128);
+        let used = state.used.min(fresh);
+        (fresh - used, used)
+    }
+
+    /// The warm state whose bucket instant is `ahead` past `now` and whose key is `used`
+    /// from fully cold there.
+    fn warm_write(&self, now: Nanos, ahead: u128, used: u128) -> WarmState {
+        WarmState {
+            fresh: KeyState {
+                expires_at: now,
+                word: 0,
+            }
+            .advanced(ahead + used, self.limit),
+            used,
+        }
+    }
+
+    /// The time a request of `need` (scaled) admitted `used` from fully cold adds to the
+    /// bucket's instant beyond `need` (see the module documentation, "Warm-up"),
+    /// computed in units of the grid `G` (as the scripts compute it): `M` and `need` are
+    /// whole multiples of it, and so is `used` wherever now is a whole number of ticks
+    /// (always at 1 ns); otherwise `used` is taken down to one (a colder key: more time,
+    /// never less). A key at or below the threshold (`2 × used ≥ M`) takes none.
+    fn warm_extra(&self, used: u128, need: u128) -> u128 {
+        let m = self.warm_max();
+        if m <= 2 * used {
+            return 0;
+        }
+        let grid = match warm_tick(self.limit, self.window, self.burst, self.warmup) {
+            Some((tick, g)) => tick as u128 * g as u128,
+            None => 1,
+        };
+        // M / G < 2^49 (`warm_tick`), so the products stay below 2^100.
+        let (m, used, need) = (m / grid, used / grid, need / grid);
+        let a = m.saturating_sub(2 * used);
+        let b = a.saturating_sub(2 * need);
+        ((a - b) * (a + b)).div_ceil(2 * m) * grid
+    }
+
+    /// [`check`](Self::check) with a warm-up, on its [`WarmState`].
+    pub(crate) fn check_warm(
+        &self,
+        state: &mut WarmState,
+        now: Nanos,
+        cost: u64,
+        debt: Debt,
+    ) -> Decision {
+        let (limit, w) = (self.limit, self.window);
+        if limit == 0 {
+            return Decision::reject(limit, 0, 0, NEVER);
+        }
+        let (ahead, used) = self.warm_read(state, now);
+        let capacity = self.burst as u128 * w as u128;
+        let tolerance = self.tolerance();
+        let need = cost as u128 * w as u128;
+        let filled = match debt {
+            Debt::Rejects => ahead,
+            Debt::Empties => ahead.min(tolerance),
+        };
+        if filled <= tolerance && need <= tolerance - filled {
+            let mut after = filled + need;
+            if cost > 0 {
+                after += self.warm_extra(used, need);
+                let used = (used + need).min(self.warm_max());
+                *state = self.warm_write(now, after, used);
+            }
+            return Decision::allow(
+                limit,
+                floor_div(capacity.saturating_sub(after), w),
+                ceil_div_nanos(after, limit),
+            );
+        }
+        let retry = if cost as u128 > self.burst as u128 + self.overdraft as u128 {
+            NEVER
+        } else {
+            ceil_div_nanos(ahead + need - tolerance, limit)
+        };
+        Decision::reject(
+            limit,
+            floor_div(capacity.saturating_sub(ahead), w),
+            ceil_div_nanos(ahead, limit),
+            retry,
+        )
+    }
+
+    /// [`charge`](Self::charge) with a warm-up: the bucket's instant moves as without
+    /// one, and the key gets no warmer (a request not admitted is no use).
+    pub(crate) fn charge_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) {
+        if cost == 0 || self.limit == 0 {
+            return;
+        }
+        let (ahead, used) = self.warm_read(state, now);
+        let at = KeyState {
+            expires_at: now,
+            word: 0,
+        }
+        .advanced(ahead, self.limit);
+        let charged = at.charged(
+            now,
+            self.limit,
+            cost as u128 * self.window as u128,
+            self.tolerance(),
+        );
+        let ahead = charged.scaled_instant(self.limit) - now as u128 * self.limit as u128;
+        *state = self.warm_write(now, ahead, used);
+    }
+}
+
+/// The largest `M = warmup × limit` the scripts take, in their units (`tick × gcd`).
+const WARM_MAX_SCRIPT: u128 = 1 << 49;
+/// Every quantity of the scripts stays below this (`store/redis/script.rs`).
+const SCRIPT_MAX: u128 = 1 << 51;
+
+/// The tick (1 ns, 1 us, 1 ms or 1 s) at which a bucket of `limit` per `window` ns
+/// holding `burst` with a warm-up of `warmup` ns is computed, and
+/// `g = gcd(limit, window / tick)`: the finest tick dividing the window and the warm-up
+/// at which the Redis scripts' arithmetic stays exact (`M` below 2^49 and
+/// `(3 × burst + 1) × window + M` below 2^51, in units of `tick × g / limit` ns). The
+/// warm-up's extra time is rounded up to a multiple of `tick × g` (scaled by `limit`)
+/// in memory as in the scripts. `None`: no tick will do (the warm-up is too long for
+/// the rate).
+pub(crate) fn warm_tick(
+    limit: u64,
+    window: Nanos,
+    burst: u64,
+    warmup: Nanos,
+) -> Option<(u64, u64)> {
+    for tick in [1, 1_000, 1_000_000, 1_000_000_000] {
+        if window % tick != 0 || warmup % tick != 0 {
+            continue;
+        }
+        let (wt, pt) = (window / tick, warmup / tick);
+        let g = if limit == 0 {
+            wt.max(1)
+        } else {
+            gcd(limit, wt)
+        };
+        let (r, wr) = (limit / g, (wt / g) as u128);
+        let m = pt as u128 * r as u128;
+        let span = (3 * burst as u128 + 1) * wr + m;
+        if (limit as u128) < SCRIPT_MAX
+            && wr < SCRIPT_MAX
+            && m < WARM_MAX_SCRIPT
+            && span < SCRIPT_MAX
+        {
+            return Some((tick, g));
+        }
+    }
+    None
+}
+
+/// The greatest common divisor (`b` when `a` is 0).
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// The exact instant of the bucket algorithms: `expires_at − word / rate` ns (see

@@ -26,6 +26,14 @@
 //! `remaining = floor(max(0, t + burst × window - tat) / window)` stays 0 until `now` has
 //! caught up with the debt. A cost above `burst + D` can never pass.
 //!
+//! **Warm-up.** With `warmup = P` (a rule file's `warmup`; never with an overdraft), a
+//! key that has been idle is cold: it admits at a third of its rate at first and reaches
+//! the full rate after `P` of use (Guava's `SmoothWarmingUp`, cold factor 3; the
+//! formula and its exact integer form are in `bucket.rs` and docs/algorithms.md,
+//! "Warm-up"). A request fits exactly as without the warm-up; an admission moves the
+//! instant further by the warm-up's extra time. The state is then a [`WarmState`]
+//! ([`with_warmup`](Gcra::with_warmup), [`check_warm`](Gcra::check_warm)).
+//!
 //! **Example** (`tests/cases/tollgate/02-gcra.yaml`). 10 per second, burst 5: five pass
 //! at once, then one every 100 ms.
 //! ```
@@ -45,7 +53,7 @@
 use std::time::Duration;
 
 use super::bucket::{Bucket, Debt};
-use super::KeyState;
+use super::{KeyState, WarmState};
 use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
 
@@ -61,10 +69,13 @@ pub struct Gcra {
     /// How many units the bucket may go into debt (default 0: none); see the module
     /// documentation's "Overdraft".
     pub overdraft: u64,
+    /// The warm-up period in nanoseconds (default 0: none); see the module
+    /// documentation's "Warm-up".
+    pub warmup: Nanos,
 }
 
-/// Hashed as its fields, `overdraft` only when set: a limit without overdraft keeps the
-/// default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
+/// Hashed as its fields, `overdraft` and `warmup` only when set: a limit without them
+/// keeps the default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
 impl std::hash::Hash for Gcra {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.limit.hash(state);
@@ -72,6 +83,9 @@ impl std::hash::Hash for Gcra {
         self.burst.hash(state);
         if self.overdraft > 0 {
             self.overdraft.hash(state);
+        }
+        if self.warmup > 0 {
+            self.warmup.hash(state);
         }
     }
 }
@@ -84,6 +98,7 @@ impl Gcra {
             window: nanos(window),
             burst: limit,
             overdraft: 0,
+            warmup: 0,
         }
     }
 
@@ -98,6 +113,31 @@ impl Gcra {
     pub fn with_overdraft(mut self, overdraft: u64) -> Self {
         self.overdraft = overdraft;
         self
+    }
+
+    /// Warms a key that has been idle up over `warmup` (see the module documentation's
+    /// "Warm-up"): its state is then a [`WarmState`], decided by
+    /// [`check_warm`](Self::check_warm). A zero duration means no warm-up.
+    pub fn with_warmup(mut self, warmup: Duration) -> Self {
+        self.warmup = nanos(warmup);
+        self
+    }
+
+    /// Decides a request of `cost` at `now` with the warm-up, charging `state` if it
+    /// passes (see the module documentation's "Warm-up").
+    pub fn check_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) -> Decision {
+        let mut d = self.bucket().check_warm(state, now, cost, Debt::Rejects);
+        if !d.allowed && self.limit > 0 && d.retry_after != crate::decision::NEVER {
+            // As in `check`: an instant stops at u64::MAX ns.
+            d.retry_after = d.retry_after.min(Nanos::MAX - now);
+        }
+        d
+    }
+
+    /// [`charge`](Self::charge) on a [`WarmState`]: the bucket's instant moves as without
+    /// a warm-up, and the key gets no warmer.
+    pub fn charge_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) {
+        self.bucket().charge_warm(state, now, cost);
     }
 
     /// Charges `cost` at `now` whether it conforms or not (`charge_rejected`): the
@@ -135,13 +175,16 @@ impl Gcra {
 
     /// The shared bucket: `tat` is its instant, the tolerance its capacity.
     fn bucket(&self) -> Bucket {
-        Bucket::new(self.limit, self.window, self.burst).with_overdraft(self.overdraft)
+        Bucket::new(self.limit, self.window, self.burst)
+            .with_overdraft(self.overdraft)
+            .with_warmup(self.warmup)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::WarmState;
     const S: u64 = 1_000_000_000;
 
     #[test]
@@ -209,5 +252,42 @@ mod tests {
         let d = g.check(&mut st, S, 4);
         assert_eq!(d.reset_after, 400_000_000);
         assert_eq!(st.expires_at, S + 400_000_000);
+    }
+
+    #[test]
+    fn a_cold_key_admits_one_then_the_next_after_nearly_three_intervals() {
+        // 10 per second (I = 100 ms), burst 1, warm-up 3 s: M = 3e10, the first request
+        // takes σ from M to M − 1e9, which costs I plus an extra of
+        // (A − B)(A + B) / 2M = 2e9 × 5.8e10 / 6e10 = 1,933,333,333.3 scaled (rounded up
+        // to the grid of 10): the next fits 293,333,334 ns later.
+        let g = Gcra::new(10, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(3));
+        let mut st = WarmState::default();
+        assert!(g.check_warm(&mut st, S, 1).allowed);
+        let d = g.check_warm(&mut st.clone(), S + 293_333_333, 1);
+        assert_eq!((d.allowed, d.retry_after), (false, 1));
+        assert!(g.check_warm(&mut st, S + 293_333_334, 1).allowed);
+    }
+
+    #[test]
+    fn a_warm_key_admits_as_the_plain_gcra() {
+        let plain = Gcra::new(10, Duration::from_secs(1)).with_burst(2);
+        let warm = plain.with_warmup(Duration::from_secs(2));
+        let (mut a, mut b) = (KeyState::default(), WarmState::default());
+        // Warmed up by 5 s of use at 20 per second (more than it admits).
+        let mut now = S;
+        for _ in 0..100 {
+            warm.check_warm(&mut b, now, 1);
+            now += 50_000_000;
+        }
+        // Now warm: every request is decided as by the plain GCRA in step with it.
+        for i in 0..400u64 {
+            let t = now + i * 30_000_000;
+            let (x, y) = (plain.check(&mut a, t, 1), warm.check_warm(&mut b, t, 1));
+            if i > 10 {
+                assert_eq!(x, y, "request {i}");
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     FixedWindow, Gcra, KeyState, LeakyBucket, Lockout, LogState, SlidingLog, SlidingWindow,
-    TokenBucket, WindowState,
+    TokenBucket, WarmState, WindowState,
 };
 use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
@@ -36,6 +36,8 @@ pub enum StateKind {
     Log,
     /// A [`WindowState`]: the sliding window counter.
     Window,
+    /// A 32-byte [`WarmState`]: a token bucket or GCRA with a warm-up.
+    Warm,
 }
 
 /// A limit as stores run it: an [`Algorithm`], an optional [`Lockout`], and the
@@ -133,6 +135,21 @@ pub enum InvalidLimit {
     /// The sliding window counter keeps 32-bit counts.
     #[error("a sliding_window limit must be at most 4294967295 per window, got {0}")]
     SlidingWindowTooLarge(u64),
+    /// A warm-up on a bucket that may go into debt: the two are not combined.
+    #[error("a `warmup` cannot be combined with an `overdraft`: a key warming up admits at its cold rate, a debt admits beyond the bucket")]
+    WarmupWithOverdraft,
+    /// A warm-up too long for the rate: its stored permits would not stay exact.
+    #[error("a warm-up of {warmup_ms} ms is too long for {limit} per {window_ms} ms with a burst of {burst}: the stored permits of a cold key (warm-up × rate) would not stay exact; shorten `warmup`")]
+    WarmupTooLong {
+        /// The warm-up, in ms.
+        warmup_ms: u64,
+        /// The rate's count.
+        limit: u64,
+        /// The rate's window, in ms.
+        window_ms: u64,
+        /// The bucket's burst.
+        burst: u64,
+    },
 }
 
 impl Limit {
@@ -144,6 +161,19 @@ impl Limit {
         if let Algorithm::SlidingWindow(s) = algorithm {
             if s.limit > u64::from(u32::MAX) {
                 return Err(InvalidLimit::SlidingWindowTooLarge(s.limit));
+            }
+        }
+        if let Some((limit, window, burst, overdraft, warmup)) = algorithm.warm_parts() {
+            if overdraft > 0 {
+                return Err(InvalidLimit::WarmupWithOverdraft);
+            }
+            if super::bucket::warm_tick(limit, window, burst, warmup).is_none() {
+                return Err(InvalidLimit::WarmupTooLong {
+                    warmup_ms: warmup / 1_000_000,
+                    limit,
+                    window_ms: window / 1_000_000,
+                    burst,
+                });
             }
         }
         let mut h = DefaultHasher::new();
@@ -185,8 +215,9 @@ impl Limit {
     /// leases and synced counts need a limit whose room is one number (the fixed
     /// window, and the token bucket, GCRA and leaky bucket as meters), no lockout (it
     /// is started by one shared rejection), no queue (its delay is decided on the
-    /// shared state) and no overdraft (each admission into debt is decided and flagged
-    /// on the shared state).
+    /// shared state), no overdraft (each admission into debt is decided and flagged
+    /// on the shared state) and no warm-up (each admission's cost depends on how warm
+    /// the key is on the shared state).
     pub fn consistency_conflict(&self) -> Option<&'static str> {
         if self.consistency == Consistency::Exact {
             return None;
@@ -205,6 +236,12 @@ impl Limit {
                 if overdraft > 0 =>
             {
                 Some("an `overdraft` is a debt decided and flagged on the shared state, admission by admission, which units taken ahead cannot keep")
+            }
+            Algorithm::TokenBucket(super::TokenBucket { warmup, .. })
+            | Algorithm::Gcra(super::Gcra { warmup, .. })
+                if warmup > 0 =>
+            {
+                Some("a `warmup` slows each admission by how warm the key is on the shared state, which units taken ahead cannot keep")
             }
             _ => None,
         }
@@ -289,6 +326,16 @@ impl Limit {
         }
     }
 
+    /// Charges `cost` at `now` to a [`WarmState`] (a token bucket or GCRA with a warm-up)
+    /// whether it fits or not.
+    pub fn charge_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) {
+        match &self.algorithm {
+            Algorithm::TokenBucket(a) => a.charge_warm(state, now, cost),
+            Algorithm::Gcra(a) => a.charge_warm(state, now, cost),
+            _ => {}
+        }
+    }
+
     /// Charges `cost` at `now` to a sliding window's state whether it fits or not.
     pub fn charge_window(&self, state: &mut WindowState, now: Nanos, cost: u64) {
         if let Algorithm::SlidingWindow(a) = &self.algorithm {
@@ -301,6 +348,12 @@ impl Limit {
         match self.algorithm {
             Algorithm::SlidingLog(_) => StateKind::Log,
             Algorithm::SlidingWindow(_) => StateKind::Window,
+            Algorithm::TokenBucket(TokenBucket { warmup, .. })
+            | Algorithm::Gcra(Gcra { warmup, .. })
+                if warmup > 0 =>
+            {
+                StateKind::Warm
+            }
             _ => StateKind::Key,
         }
     }
@@ -312,7 +365,9 @@ impl Limit {
 
     /// Runs the algorithm on a [`KeyState`]. The sliding log and the sliding window keep
     /// other states: for them this rejects as [`NEVER`](crate::decision::NEVER); use
-    /// [`check_log`](Self::check_log) or [`check_window`](Self::check_window).
+    /// [`check_log`](Self::check_log) or [`check_window`](Self::check_window). A bucket
+    /// with a warm-up ([`StateKind::Warm`]) is decided here without it: use
+    /// [`check_warm`](Self::check_warm).
     pub fn check_key(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
         match &self.algorithm {
             Algorithm::FixedWindow(a) => a.check(state, now, cost),
@@ -332,6 +387,16 @@ impl Limit {
         }
     }
 
+    /// Runs a token bucket or GCRA with its warm-up on a [`WarmState`]; for any other
+    /// algorithm this rejects as [`NEVER`](crate::decision::NEVER).
+    pub fn check_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) -> Decision {
+        match &self.algorithm {
+            Algorithm::TokenBucket(a) => a.check_warm(state, now, cost),
+            Algorithm::Gcra(a) => a.check_warm(state, now, cost),
+            other => Decision::reject(other.limit(), 0, 0, crate::decision::NEVER),
+        }
+    }
+
     /// Runs a sliding window counter on its [`WindowState`]; for any other algorithm this
     /// rejects as [`NEVER`](crate::decision::NEVER).
     pub fn check_window(&self, state: &mut WindowState, now: Nanos, cost: u64) -> Decision {
@@ -343,6 +408,33 @@ impl Limit {
 }
 
 impl Algorithm {
+    /// A token bucket's or GCRA's `(limit, window, burst, overdraft, warmup)` when it
+    /// has a warm-up.
+    pub(crate) fn warm_parts(&self) -> Option<(u64, Nanos, u64, u64, Nanos)> {
+        match *self {
+            Algorithm::TokenBucket(TokenBucket {
+                limit,
+                window,
+                burst,
+                overdraft,
+                warmup,
+            })
+            | Algorithm::Gcra(Gcra {
+                limit,
+                window,
+                burst,
+                overdraft,
+                warmup,
+            }) if warmup > 0 => Some((limit, window, burst, overdraft, warmup)),
+            _ => None,
+        }
+    }
+
+    /// The warm-up period in ns of a token bucket or GCRA (0: none, and for the others).
+    pub fn warmup(&self) -> Nanos {
+        self.warm_parts().map_or(0, |p| p.4)
+    }
+
     /// The configured number of requests (cost units) per window.
     pub fn limit(&self) -> u64 {
         match self {
@@ -423,6 +515,40 @@ mod tests {
         let b = Gcra::new(10, Duration::from_secs(1)).with_overdraft(2);
         let b = Limit::new(Algorithm::Gcra(b)).unwrap();
         assert_ne!(a.id(), b.id());
+    }
+
+    #[test]
+    fn a_warm_up_keeps_its_own_state_and_id_and_is_refused_where_it_cannot_be_kept() {
+        let plain = Gcra::new(10, Duration::from_secs(1));
+        let warm = plain.with_warmup(Duration::from_secs(30));
+        let (a, b) = (
+            Limit::new(Algorithm::Gcra(plain)).unwrap(),
+            Limit::new(Algorithm::Gcra(warm)).unwrap(),
+        );
+        assert_ne!(a.id(), b.id());
+        assert_eq!(
+            (a.state_kind(), b.state_kind()),
+            (StateKind::Key, StateKind::Warm)
+        );
+        assert_eq!(b.algorithm().warmup(), 30_000_000_000);
+        for c in [
+            Consistency::Leased { period: 1 },
+            Consistency::Synced { interval: 1 },
+        ] {
+            assert!(b.with_consistency(c).consistency_conflict().is_some());
+        }
+        let tb = TokenBucket::new(10, Duration::from_secs(1)).with_warmup(Duration::from_secs(1));
+        assert_eq!(
+            Limit::new(Algorithm::TokenBucket(tb.with_overdraft(1))),
+            Err(InvalidLimit::WarmupWithOverdraft)
+        );
+        // 2^33 per second warming up over a day: its stored permits pass every tick's range.
+        let fast = TokenBucket::new(1 << 33, Duration::from_secs(1))
+            .with_warmup(Duration::from_nanos(86_399_999_999_999));
+        assert!(matches!(
+            Limit::new(Algorithm::TokenBucket(fast)),
+            Err(InvalidLimit::WarmupTooLong { .. })
+        ));
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! | [`FixedWindow`] | more than `limit` per epoch-aligned window (2× across a boundary) | 16 bytes |
 //! | [`SlidingWindow`] | more than `limit` per aligned window, `limit + 2` per rolling window | 296 bytes |
 //! | [`SlidingLog`] | more than `limit` in any rolling window | 48 bytes + 16 per distinct admitted instant in the window (queue capacity doubles from 4; docs/benchmarks.md, Library, has the memory measured per key) |
-//! | [`TokenBucket`] | more than `burst + limit × T / window` in any interval `T` | 16 bytes |
-//! | [`Gcra`] | the same as the token bucket, request for request | 16 bytes |
+//! | [`TokenBucket`] | more than `burst + limit × T / window` in any interval `T` | 16 bytes (32 with a warm-up: [`WarmState`]) |
+//! | [`Gcra`] | the same as the token bucket, request for request | 16 bytes (32 with a warm-up: [`WarmState`]) |
 //! | [`LeakyBucket`] | the same; in queue mode it delays instead of bursting | 16 bytes |
 //!
 //! The fixed window and the buckets keep their state in one [`KeyState`]: the
@@ -38,6 +38,8 @@ mod sliding_window;
 mod state;
 mod token_bucket;
 
+#[cfg(feature = "redis")]
+pub(crate) use bucket::warm_tick;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
@@ -45,5 +47,5 @@ pub use limit::{Algorithm, Consistency, InvalidLimit, Limit, Scope, StateKind};
 pub use lockout::Lockout;
 pub use sliding_log::{LogState, SlidingLog};
 pub use sliding_window::{SlidingWindow, WindowState, MARGIN, SUB_WINDOWS};
-pub use state::KeyState;
+pub use state::{KeyState, WarmState};
 pub use token_bucket::TokenBucket;

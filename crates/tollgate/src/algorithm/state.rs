@@ -30,3 +30,36 @@ impl KeyState {
         self.expires_at <= now
     }
 }
+
+/// Per-key state of a token bucket or GCRA with a warm-up (`warmup`; see
+/// `docs/algorithms.md`, "Warm-up"): the bucket's exact instant and how warm the key is,
+/// in 32 bytes.
+///
+/// Kept as the exact instant `fresh` from which the key is fresh again (its bucket full
+/// and the key fully cold: the same as [`WarmState::default()`], so a store may drop it)
+/// and `used`, how far from fully cold the key was at its bucket's instant, in the
+/// buckets' scaled units (`window` per unit of cost). The bucket's instant is
+/// `fresh − used / limit`; past it the key cools by `limit` scaled units per ns, so
+/// at `now` it is `min(used, fresh × limit − now × limit)` from fully cold (never
+/// below 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct WarmState {
+    /// The exact instant from which the state is the same as a fresh one, in the
+    /// buckets' form ([`KeyState`]: `expires_at` its ceiling, `word` the deficit).
+    pub fresh: KeyState,
+    /// How far from fully cold the key is at its bucket's instant, scaled by `window`
+    /// per unit (0: fully cold).
+    pub used: u128,
+}
+
+impl WarmState {
+    /// True if the state is back to fresh (full and fully cold) at `now`.
+    pub fn is_fresh(&self, now: Nanos) -> bool {
+        self.fresh.is_fresh(now)
+    }
+
+    /// The instant from which the state is the same as a fresh one.
+    pub fn expires_at(&self) -> Nanos {
+        self.fresh.expires_at
+    }
+}

@@ -45,6 +45,14 @@
 //! assert_eq!(tb.check(&mut state, 400 * MS, 0).remaining, 1);
 //! ```
 //!
+//! **Warm-up.** With `warmup = P` (a rule file's `warmup`; never with an overdraft), a
+//! key that has been idle is cold: it admits at a third of its rate at first and reaches
+//! the full rate after `P` of use (Guava's `SmoothWarmingUp`, cold factor 3; the
+//! formula and its exact integer form are in `bucket.rs` and docs/algorithms.md,
+//! "Warm-up"). A request fits exactly as without the warm-up; an admission moves the
+//! instant further by the warm-up's extra time. The state is then a [`WarmState`]
+//! ([`with_warmup`](TokenBucket::with_warmup), [`check_warm`](TokenBucket::check_warm)).
+//!
 //! **Example** (`tests/cases/tollgate/01-token-bucket.yaml`). 10 per second, burst 20:
 //! 20 pass at once, then 100 ms later exactly one more.
 //! ```
@@ -64,7 +72,7 @@
 use std::time::Duration;
 
 use super::bucket::{Bucket, Debt};
-use super::KeyState;
+use super::{KeyState, WarmState};
 use crate::clock::{nanos, Nanos};
 use crate::decision::Decision;
 
@@ -80,10 +88,13 @@ pub struct TokenBucket {
     /// How many units the bucket may go into debt (default 0: none); see the module
     /// documentation's "Overdraft".
     pub overdraft: u64,
+    /// The warm-up period in nanoseconds (default 0: none); see the module
+    /// documentation's "Warm-up".
+    pub warmup: Nanos,
 }
 
-/// Hashed as its fields, `overdraft` only when set: a limit without overdraft keeps the
-/// default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
+/// Hashed as its fields, `overdraft` and `warmup` only when set: a limit without them
+/// keeps the default id ([`Limit::new`](super::Limit::new)) it had before the field existed.
 impl std::hash::Hash for TokenBucket {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.limit.hash(state);
@@ -91,6 +102,9 @@ impl std::hash::Hash for TokenBucket {
         self.burst.hash(state);
         if self.overdraft > 0 {
             self.overdraft.hash(state);
+        }
+        if self.warmup > 0 {
+            self.warmup.hash(state);
         }
     }
 }
@@ -103,6 +117,7 @@ impl TokenBucket {
             window: nanos(window),
             burst: limit,
             overdraft: 0,
+            warmup: 0,
         }
     }
 
@@ -117,6 +132,26 @@ impl TokenBucket {
     pub fn with_overdraft(mut self, overdraft: u64) -> Self {
         self.overdraft = overdraft;
         self
+    }
+
+    /// Warms a key that has been idle up over `warmup` (see the module documentation's
+    /// "Warm-up"): its state is then a [`WarmState`], decided by
+    /// [`check_warm`](Self::check_warm). A zero duration means no warm-up.
+    pub fn with_warmup(mut self, warmup: Duration) -> Self {
+        self.warmup = nanos(warmup);
+        self
+    }
+
+    /// Decides a request of `cost` at `now` with the warm-up, charging `state` if it
+    /// passes (see the module documentation's "Warm-up").
+    pub fn check_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) -> Decision {
+        self.bucket().check_warm(state, now, cost, Debt::Empties)
+    }
+
+    /// [`charge`](Self::charge) on a [`WarmState`]: the bucket's instant moves as without
+    /// a warm-up, and the key gets no warmer.
+    pub fn charge_warm(&self, state: &mut WarmState, now: Nanos, cost: u64) {
+        self.bucket().charge_warm(state, now, cost);
     }
 
     /// Takes `cost` tokens at `now` whether the bucket holds them or not
@@ -147,13 +182,16 @@ impl TokenBucket {
 
     /// The shared bucket: `full_at` is its instant, the tokens missing its `ahead`.
     fn bucket(&self) -> Bucket {
-        Bucket::new(self.limit, self.window, self.burst).with_overdraft(self.overdraft)
+        Bucket::new(self.limit, self.window, self.burst)
+            .with_overdraft(self.overdraft)
+            .with_warmup(self.warmup)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::WarmState;
     const MS: u64 = 1_000_000;
 
     #[test]
@@ -245,5 +283,94 @@ mod tests {
         assert!(!tb.check(&mut st, 0, 3).allowed);
         assert_eq!(st, before);
         assert_eq!(tb.check(&mut st, 0, 2).remaining, 0);
+    }
+
+    /// Admissions per whole second from cold at `start`, calling every `every` ns for
+    /// `secs` seconds.
+    fn per_second(
+        tb: &TokenBucket,
+        st: &mut WarmState,
+        start: u64,
+        every: u64,
+        secs: u64,
+    ) -> Vec<u64> {
+        let mut counts = vec![0; secs as usize];
+        let mut t = start;
+        while t < start + secs * 1_000 * MS {
+            if tb.check_warm(st, t, 1).allowed {
+                counts[((t - start) / (1_000 * MS)) as usize] += 1;
+            }
+            t += every;
+        }
+        counts
+    }
+
+    #[test]
+    fn from_cold_admissions_rise_from_a_third_to_the_full_rate_over_the_warm_up() {
+        // 25 per second, burst 1, warm-up 4 s, called every millisecond.
+        let tb = TokenBucket::new(25, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(4));
+        let mut st = WarmState::default();
+        let counts = per_second(&tb, &mut st, 1_000_000 * MS, MS, 8);
+        // The first second runs near a third of the rate, and each is faster than the
+        // one before until the full rate.
+        assert_eq!(counts, [9, 10, 13, 17, 25, 25, 25, 25]);
+        assert!(counts.windows(2).take(4).all(|w| w[0] < w[1]), "{counts:?}");
+        // The warm-up's area: the stored permits above the threshold (50) are spent in
+        // 4 s of use at the rate allowed (give or take the calls' millisecond grid).
+        assert!(
+            (48..=50).contains(&counts[..4].iter().sum::<u64>()),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn warm_it_loses_no_refill_and_idle_for_the_warm_up_it_is_cold_again() {
+        // 100 per second, warmed up by 3 s of calls every millisecond; then called every
+        // 10 ms: exactly 100 per second.
+        let tb = TokenBucket::new(100, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(1));
+        let mut st = WarmState::default();
+        let start = 1_000_000 * MS;
+        let warming = per_second(&tb, &mut st, start, MS, 3);
+        assert_eq!(warming, [46, 99, 100]);
+        let counts = per_second(&tb, &mut st, start + 3_000 * MS, 10 * MS, 4);
+        // (The first call on the 10 ms grid may find the last one on the millisecond
+        // grid less than 10 ms before, as a plain bucket of 1 would.)
+        assert_eq!(counts, [99, 100, 100, 100]);
+        // Idle: fresh (full and fully cold) one warm-up after the bucket was full.
+        let end = start + 7_000 * MS;
+        assert!(!st.is_fresh(end + 1_000 * MS - 1));
+        assert!(st.is_fresh(end + 1_000 * MS));
+        let mut cold = WarmState::default();
+        let later = end + 1_000 * MS;
+        assert_eq!(
+            per_second(&tb, &mut st, later, 10 * MS, 2),
+            per_second(&tb, &mut cold, later, 10 * MS, 2)
+        );
+    }
+
+    #[test]
+    fn a_warm_up_never_admits_more_than_the_bucket_and_reports_the_extra_time() {
+        let plain = TokenBucket::new(10, Duration::from_secs(1)).with_burst(5);
+        let warm = plain.with_warmup(Duration::from_secs(10));
+        let (mut a, mut b) = (KeyState::default(), WarmState::default());
+        let t0 = 1_000_000 * MS;
+        // Cold: the burst is there, but each admission pushes the instant three
+        // intervals (less a little) instead of one.
+        for _ in 0..5 {
+            assert!(plain.check(&mut a, t0, 1).allowed);
+        }
+        let first = warm.check_warm(&mut b, t0, 1);
+        assert!(first.allowed);
+        assert_eq!(first.remaining, 2, "nearly three intervals are taken");
+        assert!(first.reset_after > 290 * MS);
+        let mut admitted = 1;
+        while warm.check_warm(&mut b, t0, 1).allowed {
+            admitted += 1;
+        }
+        assert_eq!(admitted, 2);
     }
 }

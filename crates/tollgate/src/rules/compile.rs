@@ -296,6 +296,7 @@ impl Compiler<'_> {
         let mut spec = limit.spec;
         spec.burst = None;
         spec.overdraft = 0;
+        spec.warmup = std::time::Duration::ZERO;
         let extra_rpu = b.up_to - limit.requests_per_unit;
         let mut h = DefaultHasher::new();
         (limit.limit.id(), "borrowed").hash(&mut h);

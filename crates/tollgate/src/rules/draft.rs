@@ -532,6 +532,7 @@ impl<'a> DraftReader<'a> {
                 "block_duration",
                 "overage_percent",
                 "overdraft",
+                "warmup",
                 "mode",
                 "priority",
                 "borrow",
@@ -552,6 +553,7 @@ impl<'a> DraftReader<'a> {
                 "algorithm",
                 "burst",
                 "overdraft",
+                "warmup",
                 "block_duration",
                 "priority",
                 "borrow",
@@ -646,6 +648,47 @@ impl<'a> DraftReader<'a> {
                 .number(map, "overdraft", u64::from(u32::MAX))
                 .unwrap_or(0);
         }
+        let warmup = map.get_node("warmup");
+        if let Some(n) = warmup {
+            if !matches!(
+                spec.algorithm,
+                AlgorithmName::TokenBucket | AlgorithmName::Gcra
+            ) {
+                self.yaml.error(
+                    n.span(),
+                    "`warmup` applies only to token_bucket and gcra (a bucket whose idle keys start cold)",
+                );
+            }
+            match n.as_scalar().and_then(|s| parse_duration(s.as_str())) {
+                Some(d) if d.is_zero() => self.yaml.error(
+                    n.span(),
+                    "`warmup` must be longer than zero (leave it out for no warm-up)",
+                ),
+                Some(d) if d <= MAX_WARMUP => spec.warmup = d,
+                Some(_) => self.yaml.error(
+                    n.span(),
+                    "`warmup` may be at most 1d (a cold key is kept that long after its last request)",
+                ),
+                None => self.yaml.error(
+                    n.span(),
+                    "`warmup` must be a duration such as 500ms, 30s, 5m or 1h",
+                ),
+            }
+            if spec.overdraft > 0 {
+                self.yaml.error(
+                    n.span(),
+                    "`warmup` cannot be combined with `overdraft`: a cold key admits at a third of the rate, a debt admits beyond the bucket",
+                );
+                // Refused once: the limit is built without it.
+                spec.warmup = Duration::ZERO;
+            }
+            if map.get_node("priority").is_some() {
+                self.yaml.error(
+                    n.span(),
+                    "`warmup` cannot be combined with `priority`: the classes share one counter, and how warm it is would be each class's",
+                );
+            }
+        }
         if let Some(n) = map.get_node("mode") {
             match n.as_scalar().map(MarkedScalarNode::as_str) {
                 Some("queue") if spec.algorithm == AlgorithmName::LeakyBucket => spec.queue = true,
@@ -692,6 +735,20 @@ impl<'a> DraftReader<'a> {
                 .map_or(*map.span(), |n| *n.span());
             self.yaml.error(&span, why);
             return None;
+        }
+        if let (Some(n), false) = (warmup, spec.warmup.is_zero()) {
+            if let Err(e) = spec.build(rpu, unit, 0) {
+                self.yaml.error(n.span(), e.to_string());
+                return None;
+            }
+            // The scripts count a lockout in the warm-up's tick, which may be 1 ns.
+            if spec.block.as_nanos() >= 1 << 51 {
+                self.yaml.error(
+                    n.span(),
+                    "`warmup` cannot be combined with a `block_duration` above 26d",
+                );
+                return None;
+            }
         }
         if spec.algorithm == AlgorithmName::SlidingLog && rpu > 100_000 {
             let span = map
@@ -900,6 +957,9 @@ pub(crate) struct DraftConsistency {
     /// `scope`, and where it was written (for errors).
     pub(crate) scope: Option<(Scope, Span)>,
 }
+
+/// The longest `warmup`: a day.
+const MAX_WARMUP: Duration = Duration::from_secs(86_400);
 
 /// The longest `block_duration`: a year.
 const MAX_BLOCK: Duration = Duration::from_secs(365 * 86_400);

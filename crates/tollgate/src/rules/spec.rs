@@ -1,5 +1,5 @@
 //! [`LimitSpec`]: what a rate limit in a rule file says beyond its numbers (algorithm,
-//! burst, lockout, queue mode, overage, overdraft), how it becomes the store's [`Limit`], and the
+//! burst, lockout, queue mode, overage, overdraft, warm-up), how it becomes the store's [`Limit`], and the
 //! ranges its numbers must keep.
 
 use std::time::Duration;
@@ -21,6 +21,8 @@ pub(crate) struct LimitSpec {
     pub(super) overage_percent: u64,
     /// How many units a token bucket or GCRA may go into debt (0: none).
     pub(super) overdraft: u64,
+    /// How long a token bucket or GCRA takes to warm up from cold (zero: no warm-up).
+    pub(super) warmup: Duration,
     /// How instances sharing a store count it (inherited from the descriptors above).
     pub(super) consistency: Consistency,
     /// Where it is counted when regions share a global store (inherited too).
@@ -76,7 +78,8 @@ impl LimitSpec {
 
     /// [`build`](Self::build) with the numbers (limit, burst and overdraft) divided by
     /// `divisor`, keeping at least 1 of a non-zero number: one instance's share of the
-    /// limit. The overage grows the limit and the burst, not the overdraft.
+    /// limit. The overage grows the limit and the burst, not the overdraft. The warm-up
+    /// (a duration) stays.
     pub(crate) fn build_divided(
         &self,
         requests_per_unit: u64,
@@ -108,11 +111,15 @@ impl LimitSpec {
             AlgorithmName::TokenBucket => Algorithm::TokenBucket(
                 TokenBucket::new(n, w)
                     .with_burst(burst)
-                    .with_overdraft(overdraft),
+                    .with_overdraft(overdraft)
+                    .with_warmup(self.warmup),
             ),
-            AlgorithmName::Gcra => {
-                Algorithm::Gcra(Gcra::new(n, w).with_burst(burst).with_overdraft(overdraft))
-            }
+            AlgorithmName::Gcra => Algorithm::Gcra(
+                Gcra::new(n, w)
+                    .with_burst(burst)
+                    .with_overdraft(overdraft)
+                    .with_warmup(self.warmup),
+            ),
             AlgorithmName::LeakyBucket => {
                 let mode = if self.queue {
                     LeakyMode::Queue

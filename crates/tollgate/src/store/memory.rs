@@ -18,8 +18,9 @@
 //! ## Memory
 //! A key costs one 8-byte fingerprint and a 16-byte [`KeyState`] in a hash table
 //! (about 50 bytes per key at load), a [`LogState`] for the sliding log, a 296-byte
-//! [`WindowState`] for the sliding window counter, and 8 bytes more while it is locked
-//! out. Memory stays bounded three ways:
+//! [`WindowState`] for the sliding window counter, a 32-byte
+//! [`WarmState`](crate::algorithm::WarmState) for a bucket with a warm-up, and 8 bytes
+//! more while it is locked out. Memory stays bounded three ways:
 //! - a state that has become fresh again (full bucket, ended window) is the same as no
 //!   state: it is dropped whenever a shard is swept;
 //! - each shard sweeps itself when it has grown to twice its size at the last sweep,
@@ -46,7 +47,7 @@ use hashbrown::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Error, LeaseToken, Store};
-use crate::algorithm::{KeyState, Limit, LogState, StateKind, WindowState};
+use crate::algorithm::{KeyState, Limit, LogState, StateKind, WarmState, WindowState};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 
@@ -102,9 +103,11 @@ struct Shard {
     logs: HashMap<u64, LogState, Fingerprint>,
     /// Boxed: the table's spare capacity then costs a pointer per slot, not a state.
     windows: HashMap<u64, Box<WindowState>, Fingerprint>,
+    /// Token buckets and GCRAs with a warm-up.
+    warms: HashMap<u64, WarmState, Fingerprint>,
     blocks: HashMap<u64, Nanos, Fingerprint>,
     /// Keys refused since their state began (limited): evicted after all others. Each
-    /// has a state in `keys`, `logs` or `windows`; it leaves this set with that state.
+    /// has a state in `keys`, `logs`, `windows` or `warms`; it leaves this set with that state.
     limited: hashbrown::HashSet<u64, Fingerprint>,
     sweep_at: usize,
     /// The latest "now" a decision in this shard was made at (see `monotonic`).
@@ -133,6 +136,15 @@ impl State for LogState {
     }
     fn expires_at(&self) -> Nanos {
         LogState::expires_at(self)
+    }
+}
+
+impl State for WarmState {
+    fn is_fresh(&self, now: Nanos) -> bool {
+        WarmState::is_fresh(self, now)
+    }
+    fn expires_at(&self) -> Nanos {
+        WarmState::expires_at(self)
     }
 }
 
@@ -381,6 +393,16 @@ impl MemoryStore {
                     Decision::default()
                 },
             ),
+            StateKind::Warm => self.run_on(
+                shard,
+                |s| &mut s.warms,
+                fp,
+                now,
+                |st| {
+                    limit.charge_warm(st, now, cost);
+                    Decision::default()
+                },
+            ),
         };
     }
 
@@ -463,6 +485,13 @@ impl MemoryStore {
                 now,
                 |st| limit.check_window(st, now, cost),
             ),
+            StateKind::Warm => self.run_on(
+                shard,
+                |s| &mut s.warms,
+                fp,
+                now,
+                |st| limit.check_warm(st, now, cost),
+            ),
         }
     }
 
@@ -523,22 +552,30 @@ impl MemoryStore {
 
 impl Shard {
     fn len(&self) -> usize {
-        self.keys.len() + self.logs.len() + self.windows.len() + self.blocks.len()
+        self.keys.len()
+            + self.logs.len()
+            + self.windows.len()
+            + self.warms.len()
+            + self.blocks.len()
     }
 
     fn drop_fresh(&mut self, now: Nanos) {
         self.keys.retain(|_, s| !s.is_fresh(now));
         self.logs.retain(|_, s| !s.is_fresh(now));
         self.windows.retain(|_, s| !s.is_fresh(now));
+        self.warms.retain(|_, s| !s.is_fresh(now));
         self.blocks.retain(|_, &mut until| until > now);
         self.forget_limited_without_state();
     }
 
     /// Keeps `limited` to the keys that still have a state.
     fn forget_limited_without_state(&mut self) {
-        let (keys, logs, windows) = (&self.keys, &self.logs, &self.windows);
+        let (keys, logs, windows, warms) = (&self.keys, &self.logs, &self.windows, &self.warms);
         self.limited.retain(|fp| {
-            keys.contains_key(fp) || logs.contains_key(fp) || windows.contains_key(fp)
+            keys.contains_key(fp)
+                || logs.contains_key(fp)
+                || windows.contains_key(fp)
+                || warms.contains_key(fp)
         });
     }
 
@@ -573,6 +610,12 @@ impl Shard {
                     .filter(|(fp, _)| tier(fp))
                     .map(|(&fp, s)| (State::expires_at(s), fp, StateKind::Window)),
             );
+            candidates.extend(
+                self.warms
+                    .iter()
+                    .filter(|(fp, _)| tier(fp))
+                    .map(|(&fp, s)| (State::expires_at(s), fp, StateKind::Warm)),
+            );
             if left < candidates.len() {
                 candidates.select_nth_unstable_by_key(left, |c| c.0);
                 candidates.truncate(left);
@@ -582,6 +625,7 @@ impl Shard {
                     StateKind::Key => self.keys.remove(fp).map(|_| ()),
                     StateKind::Log => self.logs.remove(fp).map(|_| ()),
                     StateKind::Window => self.windows.remove(fp).map(|_| ()),
+                    StateKind::Warm => self.warms.remove(fp).map(|_| ()),
                 };
             }
             left -= candidates.len();
@@ -628,6 +672,7 @@ enum Saved {
     Key(Option<KeyState>),
     Log(Option<LogState>),
     Window(Option<Box<WindowState>>),
+    Warm(Option<WarmState>),
 }
 
 impl Undo {
@@ -637,6 +682,7 @@ impl Undo {
             Saved::Key(_) => StateKind::Key,
             Saved::Log(_) => StateKind::Log,
             Saved::Window(_) => StateKind::Window,
+            Saved::Warm(_) => StateKind::Warm,
         }
     }
 
@@ -645,6 +691,7 @@ impl Undo {
             StateKind::Key => Saved::Key(shard.keys.get(&fp).copied()),
             StateKind::Log => Saved::Log(shard.logs.get(&fp).cloned()),
             StateKind::Window => Saved::Window(shard.windows.get(&fp).cloned()),
+            StateKind::Warm => Saved::Warm(shard.warms.get(&fp).copied()),
         };
         Self { fp, saved }
     }
@@ -660,6 +707,7 @@ impl Undo {
             Saved::Key(s) => put(&mut shard.keys, self.fp, s),
             Saved::Log(s) => put(&mut shard.logs, self.fp, s),
             Saved::Window(s) => put(&mut shard.windows, self.fp, s),
+            Saved::Warm(s) => put(&mut shard.warms, self.fp, s),
         }
     }
 }

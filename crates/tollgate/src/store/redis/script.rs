@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
-use crate::algorithm::{Algorithm, LeakyMode, Limit, SUB_WINDOWS};
+use crate::algorithm::{warm_tick, Algorithm, LeakyMode, Limit, SUB_WINDOWS};
 use crate::decision::{Decision, NEVER};
 use crate::store::{ChargeRejected, Check};
 
@@ -206,11 +206,17 @@ pub(crate) struct Encoded {
     /// The token bucket's and GCRA's overdraft in units (0: none); sent in the place
     /// of the leaky bucket's queue flag.
     overdraft: u64,
+    /// A token bucket's or GCRA's warm-up as `M = warmup × r` in the scaled ticks
+    /// (`None`: none); sent as [`WARM`] + M in the place of the overdraft.
+    warm: Option<u64>,
 }
+
+/// A check's last argument from this on is a warm-up's M (`lua/prelude.lua` `WARM`).
+const WARM: u64 = 1 << 51;
 
 /// Why a limit cannot be run by the scripts.
 #[derive(Debug, thiserror::Error)]
-#[error("the limit {} is out of the Redis scripts' exact range (window, (2 x (burst + overdraft) + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s)", describe(.0))]
+#[error("the limit {} is out of the Redis scripts' exact range (window, (2 x (burst + overdraft) + 1) x window / gcd(limit, window) and limit below 2^51 ticks of 1 s; a warm-up's warmup x limit / gcd(limit, window) below 2^49 ticks)", describe(.0))]
 pub(crate) struct OutOfRange(pub Algorithm);
 
 /// A limit in words, as a rule file would say it: "gcra, 10 per 3600 s, burst 20".
@@ -233,7 +239,15 @@ fn describe(a: &Algorithm) -> String {
         Algorithm::Gcra(g) if g.overdraft > 0 => format!(", overdraft {}", g.overdraft),
         _ => String::new(),
     };
-    format!("{}, {} per {window}{burst}{overdraft}", a.name(), a.limit())
+    let warmup = match a.warmup() {
+        0 => String::new(),
+        p => format!(", warmup {p} ns"),
+    };
+    format!(
+        "{}, {} per {window}{burst}{overdraft}{warmup}",
+        a.name(),
+        a.limit()
+    )
 }
 
 impl Encoded {
@@ -251,11 +265,17 @@ impl Encoded {
         };
         let lockout = limit.lockout().map_or(0, |l| l.duration);
         let value = a.limit();
+        // A warm-up is computed at the one tick whose grid the in-memory store rounds
+        // its extra time to (`algorithm::warm_tick`).
+        let warm_tick = match a.warm_parts() {
+            Some((l, w, b, _, p)) => Some((warm_tick(l, w, b, p).ok_or(OutOfRange(*a))?.0, p)),
+            None => None,
+        };
         if value >= LUA_MAX || burst.saturating_add(overdraft) >= LUA_MAX {
             return Err(OutOfRange(*a));
         }
         for tick in [1, 1_000, 1_000_000, 1_000_000_000] {
-            if a.window() % tick != 0 {
+            if a.window() % tick != 0 || warm_tick.is_some_and(|(t, _)| t != tick) {
                 continue;
             }
             // The sliding window's sub-windows must be whole ticks as well, and the same
@@ -278,6 +298,8 @@ impl Encoded {
             if matches!(alg, 4..=6) && scaled >= u128::from(LUA_MAX) {
                 continue;
             }
+            // Below 2^49 (`warm_tick`): the scripts' products of it stay exact.
+            let warm = warm_tick.map(|(_, p)| p / tick * r);
             return Ok(Self {
                 alg,
                 tick,
@@ -289,6 +311,7 @@ impl Encoded {
                 lockout,
                 queue,
                 overdraft,
+                warm,
             });
         }
         Err(OutOfRange(*a))
@@ -327,6 +350,8 @@ impl Encoded {
                 self.lockout,
                 if self.alg == 6 {
                     u64::from(self.queue)
+                } else if let Some(m) = self.warm {
+                    WARM + m
                 } else {
                     self.overdraft
                 },

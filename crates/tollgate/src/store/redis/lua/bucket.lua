@@ -19,6 +19,73 @@ local function bucket_ahead(c, st)
   return ahead * c.r - st[3]
 end
 
+-- Warm-up (algorithm/bucket.rs, "Warm-up"; token bucket and GCRA, never with an
+-- overdraft). The check's `extra` from WARM on is a warm-up: its M = warmup x r (in the
+-- check's scaled ticks) is extra - WARM (call.lua sets c.warm). The state is the exact
+-- instant the key is fresh again (full and fully cold), as bucket_state keeps one, and
+-- in its 4th slot `used`: how far from fully cold the key is at its bucket's instant,
+-- which is the fresh instant less used / r. (WARM is the prelude's.)
+
+-- A warm state's bucket instant ahead of now (at least 0) and how far from fully cold
+-- the key is now: past its bucket's instant a key cools by r per tick.
+local function warm_read(c, st)
+  local d = since(c, st[1], st[2])
+  if d < 0 then return 0, 0 end
+  local f = d * c.r - st[3]
+  if f <= 0 then return 0, 0 end
+  local u = st[4]
+  if u > f then u = f end
+  return f - u, u
+end
+
+-- The warm state whose bucket instant is x past now, the key used u from fully cold.
+local function warm_state(c, x, u)
+  local st = bucket_state(c, x + u)
+  st[4] = u
+  return st
+end
+
+-- The time beyond `need` an admission of `need` takes from a key `u` from fully cold,
+-- `m` its M: (A - B)(A + B) / 2M rounded up, with A = max(0, M - 2u) and
+-- B = max(0, A - 2 need) (the products pass 2^53: muldiv and mulmod, exact below 2^51).
+local function warm_extra(m, u, need)
+  local a = m - 2 * u
+  if a <= 0 then return 0 end
+  local b = a - 2 * need
+  if b < 0 then b = 0 end
+  local p, q = a - b, a + b
+  local e = muldiv(p, q, 2 * m)
+  if mulmod(p, q, 2 * m) ~= 0 then e = e + 1 end
+  return e
+end
+
+-- The decision of a bucket with a warm-up (algorithm/bucket.rs `check_warm`): x, u as
+-- warm_read gives them, `m` the warm-up's M, `empties` as bucket_decide's. A request
+-- fits as in the bucket; admitted, the instant moves by need plus warm_extra and the
+-- key is used by need more (at most m). Returns the decision's five numbers, then the
+-- new x and u (nil: nothing to store).
+local function warm_decide(x, u, cost, burst, r, wr, m, empties)
+  local capacity = burst * wr
+  local need = cost * wr
+  local filled = x
+  if empties and filled > capacity then filled = capacity end
+  if filled + need <= capacity then
+    local after = filled + need
+    if cost <= 0 then return 1, fdiv(capacity - after, wr), cdiv(after, r), 0, 0 end
+    after = after + warm_extra(m, u, need)
+    u = u + need
+    if u > m then u = m end
+    local room = capacity - after
+    if room < 0 then room = 0 end
+    return 1, fdiv(room, wr), cdiv(after, r), 0, 0, after, u
+  end
+  local room = capacity - x
+  if room < 0 then room = 0 end
+  local retry = NEVER
+  if cost <= burst then retry = cdiv(x + need - capacity, r) end
+  return 0, fdiv(room, wr), cdiv(x, r), retry, 0
+end
+
 -- For a lone bucket check (ALONE): bucket_ahead of a state as read (false: none),
 -- clamped at 0 as every bucket algorithm clamps it.
 local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
@@ -31,14 +98,14 @@ local function lone_bucket_ahead(raw, tick, ns, nn, tps, r)
 end
 
 -- For a lone bucket check: writes bucket_state(x) as put_state would, with its TTL,
--- over `raw` (the state read; false: none).
-local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r)
+-- over `raw` (the state read; false: none); `used` the 4th slot (a warm-up's; nil: 0).
+local function lone_bucket_put(key, raw, x, tick, ns, nn, tps, r, used)
   local whole = cdiv(x, r)
   local q, n = divmod(nn + whole, tps)
   local ms = SLACK_MS
   if whole > 0 then ms = ms + tick_to_ms(tick, whole) end
   if ms < 1 then ms = 1 end
-  local state = PACK('dddd', ns + q, n * tick, whole * r - x, 0)
+  local state = PACK('dddd', ns + q, n * tick, whole * r - x, used or 0)
   if raw then
     CALL('SET', key, state, 'PX', px(ms))
   else
@@ -52,12 +119,19 @@ end
 -- at most two tolerances ((burst + overdraft) x wr) ahead, and never earlier.
 local function bucket_charge(c, st, cost)
   if c.limit == 0 then return nil end
-  local x = bucket_ahead(c, st)
+  local x, u = nil, 0
+  -- A warm-up's key gets no warmer: only its bucket's instant moves.
+  if c.warm then
+    x, u = warm_read(c, st)
+  else
+    x = bucket_ahead(c, st)
+  end
   if x < 0 then x = 0 end
   local new, most = x + cost * c.wr, 2 * (c.burst + c.over) * c.wr
   if new > most then new = most end
   -- Never earlier than it was (algorithm/bucket.rs `charged`).
   if new < x then new = x end
+  if c.warm then return warm_state(c, new, u) end
   return bucket_state(c, new)
 end
 
@@ -69,14 +143,23 @@ end
 -- state holds because of this request: never below the state without the charge.
 local function bucket_refund(c, st, charged, cost)
   if c.limit == 0 then return nil end
-  local held = bucket_ahead(c, charged)
+  local held, x, u
+  -- A warm-up's instant moves back by the cost alone (the extra time it took stays,
+  -- as does how warm the key is: never below the state without the charge).
+  if c.warm then
+    held = warm_read(c, charged)
+    x, u = warm_read(c, st)
+  else
+    held = bucket_ahead(c, charged)
+    x = bucket_ahead(c, st)
+  end
   if held <= 0 then return nil end
-  local x = bucket_ahead(c, st)
   if x <= 0 then return nil end
   local d = cost * c.wr
   if d > held then d = held end
   x = x - d
   if x < 0 then x = 0 end
+  if c.warm then return warm_state(c, x, u) end
   return bucket_state(c, x)
 end
 
@@ -122,6 +205,13 @@ end
 local function bucket_alg(empties)
   return function(c, st, cost)
     if c.limit == 0 then return { 0, 0, 0, NEVER, 0 } end
+    if c.warm then
+      local x, u = warm_read(c, st)
+      local a, b, d, e, f, nx, nu = warm_decide(x, u, cost, c.burst, c.r, c.wr, c.warm, empties)
+      local nst = nil
+      if nx then nst = warm_state(c, nx, nu) end
+      return { a, b, d, e, f }, nst
+    end
     local x = bucket_ahead(c, st)
     if x < 0 then x = 0 end
     local a, b, d, e, f, new = bucket_decide(x, cost, c.burst, c.over, c.r, c.wr, empties, c.queue)
@@ -134,9 +224,34 @@ end
 -- ALONE[alg] of a bucket algorithm (a lone check, with its state read and written
 -- here: see ALONE in fixed_window.lua), `empties` as bucket_decide's. `extra` is the
 -- check's last argument: the leaky bucket's queue (`leaky`: 1 for a queue), the token
--- bucket's and GCRA's overdraft otherwise.
+-- bucket's and GCRA's overdraft otherwise (or, from WARM on, a warm-up's M).
 local function bucket_alone(empties, leaky)
   return function(tick, limit, _, burst, r, wr, cost, extra, ns, nn, tps)
+    if not leaky and extra >= WARM then
+      -- A warm-up (warm_read, warm_decide and warm_state written out).
+      local m = extra - WARM
+      return function(key, raw)
+        if limit == 0 then return 0, 0, 0, NEVER, 0 end
+        if raw == nil then raw = CALL('GET', key) end
+        local x, u = 0, 0
+        if raw then
+          local s, sn, deficit, used = UNPACK('dddd', raw)
+          local y = sn / tick
+          local d = (s - ns) * tps + ((y - y % 1) - nn)
+          if d >= 0 then
+            local f = d * r - deficit
+            if f > 0 then
+              u = used
+              if u > f then u = f end
+              x = f - u
+            end
+          end
+        end
+        local a, b, c, d, e, nx, nu = warm_decide(x, u, cost, burst, r, wr, m, empties)
+        if nx then lone_bucket_put(key, raw, nx + nu, tick, ns, nn, tps, r, nu) end
+        return a, b, c, d, e
+      end
+    end
     local queue, over = false, extra
     if leaky then queue, over = extra == 1, 0 end
     return function(key, raw)

@@ -13,7 +13,8 @@
 -- window / gcd, cost, flags (1: shadow mode, 2: quota mode, 4 x charge_rejected: 0 none,
 -- 1 over_limit, 2 all, 16 x the quota group), lockout (ticks), and extra: the leaky
 -- bucket's queue (1: a queue), the token bucket's and GCRA's overdraft (units; 0 for
--- the others).
+-- the others), or 2^51 plus a token bucket's or GCRA's warm-up, M = warmup x r in the
+-- check's scaled ticks (see bucket.lua).
 -- Modes +4 and +8 are a Redis Cluster's, for one slot of a request spanning several,
 -- alone in its call: +4 decides the request as usual (a lone check on its fast path, its
 -- state read first: lone_receipt) and answers, besides the answers' string, the receipt
@@ -208,7 +209,10 @@ for q = 1, requests do
         tps = 1000000000 / tick,
         key = KEYS[key],
       }
-      if alg ~= 6 then c.over = extra end
+      if alg ~= 6 then
+        -- From WARM on: a warm-up's M (bucket.lua), never with an overdraft.
+        if extra >= WARM then c.warm = extra - WARM else c.over = extra end
+      end
       key = key + 1
       if alg == 3 then
         c.meta = KEYS[key]

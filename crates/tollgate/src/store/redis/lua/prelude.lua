@@ -13,6 +13,8 @@ local NEVER = -1
 -- where a global's field costs Redis two table lookups (docs/benchmarks.md, Redis).
 local CALL, PACK, UNPACK
 local TWO53 = 9007199254740992
+-- A check's last argument from this on is a token bucket's or GCRA's warm-up (bucket.lua).
+local WARM = 2251799813685248
 -- Where charges past the limit stop counting (algorithm/fixed_window.rs CHARGED_MAX).
 local CHARGED_MAX = 2251799813685248
 -- Set per call (call.lua) and by the general path (driver.lua): extra milliseconds on
