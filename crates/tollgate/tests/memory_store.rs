@@ -309,7 +309,8 @@ fn a_stale_clock_read_is_decided_at_the_latest_time_seen_not_rejected() {
 fn a_warm_up_state_is_swept_once_full_and_cold_and_undone_with_its_request() {
     // 10 per second, burst 1, warm-up 2 s: a cold key's request moves the bucket's
     // instant 0.29 s ahead (an interval and 1.9 more) and warms the key by one permit,
-    // which it rests off in one interval past that instant: fresh at 0.39 s.
+    // which it rests off in one interval after the grace of two past that instant:
+    // fresh at 0.59 s.
     let warm = Limit::new(Algorithm::Gcra(
         Gcra::new(10, Duration::from_secs(1))
             .with_burst(1)
@@ -319,8 +320,8 @@ fn a_warm_up_state_is_swept_once_full_and_cold_and_undone_with_its_request() {
     let store = MemoryStore::new();
     assert!(store.check_one(T0, &Check::new(&warm, "k", 1)).allowed);
     assert_eq!(store.stats().keys, 1);
-    assert_eq!(store.sweep(T0 + 389_999_999), 0, "still warmer than cold");
-    assert_eq!(store.sweep(T0 + 390_000_000), 1);
+    assert_eq!(store.sweep(T0 + 589_999_999), 0, "still warmer than cold");
+    assert_eq!(store.sweep(T0 + 590_000_000), 1);
     assert_eq!(store.stats().keys, 0);
     // All or nothing: a request refused by another limit leaves the warm key as it was.
     let none = fixed(0, 60, 7);

@@ -31,7 +31,12 @@
 //! Guava's `SmoothWarmingUp` with a cold factor of 3, deciding rather than waiting. The
 //! key keeps `σ`, its stored permits scaled by `window` (what [`WarmState`] keeps is
 //! `u = M − σ`): `σ` grows by `limit` per ns while the bucket is full (now past its
-//! instant), up to `M = P × limit`; a fresh key is fully cold (`σ = M`). A request fits
+//! instant) and has been for two stable intervals (`2 × window` scaled: the grace), up
+//! to `M = P × limit`; a fresh key is fully cold (`σ = M`). The grace is where this
+//! differs from Guava, whose blocking caller asks again exactly when it may: a caller
+//! that is refused and asks again later leaves a gap after the bucket's instant, and
+//! counting that gap as rest would keep a key asked at its own rate cold for ever; with
+//! the grace, a key asked at least at its cold rate warms as Guava's does. A request fits
 //! exactly as in the bucket without warm-up (`ahead + need ≤ capacity`). Once admitted,
 //! the instant moves by `need + extra` instead of `need`, where, with `A = max(0, 2σ − M)`
 //! and `B = max(0, A − 2 × need)` (twice the stored permits above the threshold
@@ -210,8 +215,15 @@ impl Bucket {
             .fresh
             .scaled_instant(self.limit)
             .saturating_sub(now as u128 * self.limit as u128);
-        let used = state.used.min(fresh);
-        (fresh - used, used)
+        let ahead = fresh.saturating_sub(state.used + self.warm_grace());
+        (ahead, state.used.min(fresh))
+    }
+
+    /// How long past its bucket's instant a key in use stays as warm as it was, scaled:
+    /// two stable intervals (`2 × window`). A key used at least at its cold rate (one
+    /// admission per three intervals) does not cool, however its requests fall.
+    fn warm_grace(&self) -> u128 {
+        2 * self.window as u128
     }
 
     /// The warm state whose bucket instant is `ahead` past `now` and whose key is `used`
@@ -222,7 +234,7 @@ impl Bucket {
                 expires_at: now,
                 word: 0,
             }
-            .advanced(ahead + used, self.limit),
+            .advanced(ahead + self.warm_grace() + used, self.limit),
             used,
         }
     }

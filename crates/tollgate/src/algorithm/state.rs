@@ -39,9 +39,9 @@ impl KeyState {
 /// and the key fully cold: the same as [`WarmState::default()`], so a store may drop it)
 /// and `used`, how far from fully cold the key was at its bucket's instant, in the
 /// buckets' scaled units (`window` per unit of cost). The bucket's instant is
-/// `fresh − used / limit`; past it the key cools by `limit` scaled units per ns, so
-/// at `now` it is `min(used, fresh × limit − now × limit)` from fully cold (never
-/// below 0).
+/// `fresh − (2 × window + used) / limit`; two stable intervals past it (the grace) the
+/// key cools by `limit` scaled units per ns, so at `now` it is
+/// `min(used, fresh × limit − now × limit)` from fully cold (never below 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct WarmState {
     /// The exact instant from which the state is the same as a fresh one, in the

@@ -27,20 +27,23 @@ end
 -- which is the fresh instant less used / r. (WARM is the prelude's.)
 
 -- A warm state's bucket instant ahead of now (at least 0) and how far from fully cold
--- the key is now: past its bucket's instant a key cools by r per tick.
+-- the key is now: two stable intervals (2 wr, the grace) past its bucket's instant, a
+-- key cools by r per tick. The fresh instant is the bucket's plus the grace plus used / r.
 local function warm_read(c, st)
   local d = since(c, st[1], st[2])
   if d < 0 then return 0, 0 end
   local f = d * c.r - st[3]
   if f <= 0 then return 0, 0 end
   local u = st[4]
+  local x = f - u - 2 * c.wr
+  if x < 0 then x = 0 end
   if u > f then u = f end
-  return f - u, u
+  return x, u
 end
 
 -- The warm state whose bucket instant is x past now, the key used u from fully cold.
 local function warm_state(c, x, u)
-  local st = bucket_state(c, x + u)
+  local st = bucket_state(c, x + 2 * c.wr + u)
   st[4] = u
   return st
 end
@@ -242,13 +245,14 @@ local function bucket_alone(empties, leaky)
             local f = d * r - deficit
             if f > 0 then
               u = used
+              x = f - u - 2 * wr
+              if x < 0 then x = 0 end
               if u > f then u = f end
-              x = f - u
             end
           end
         end
         local a, b, c, d, e, nx, nu = warm_decide(x, u, cost, burst, r, wr, m, empties)
-        if nx then lone_bucket_put(key, raw, nx + nu, tick, ns, nn, tps, r, nu) end
+        if nx then lone_bucket_put(key, raw, nx + 2 * wr + nu, tick, ns, nn, tps, r, nu) end
         return a, b, c, d, e
       end
     end
