@@ -326,6 +326,21 @@ mod tests {
     }
 
     #[test]
+    fn a_key_asked_at_its_own_rate_warms_up() {
+        // 10 per second, burst 1, warm-up 2 s, asked every 100 ms (its stable interval):
+        // each admission's gap before the next ask stays within the grace, so the key
+        // warms and reaches 10 a second, rather than resting off each permit it takes
+        // and staying at a third of the rate.
+        let tb = TokenBucket::new(10, Duration::from_secs(1))
+            .with_burst(1)
+            .with_warmup(Duration::from_secs(2));
+        let mut st = WarmState::default();
+        let counts = per_second(&tb, &mut st, 1_000_000 * MS, 100 * MS, 6);
+        assert_eq!(counts[0], 4, "{counts:?}");
+        assert_eq!(counts[4..], [10, 10], "{counts:?}");
+    }
+
+    #[test]
     fn warm_it_loses_no_refill_and_idle_for_the_warm_up_it_is_cold_again() {
         // 100 per second, warmed up by 3 s of calls every millisecond; then called every
         // 10 ms: exactly 100 per second.
