@@ -171,6 +171,31 @@ pub fn redis_out_of_range(set: &tollgate::rules::RuleSet) -> Vec<String> {
                         l.unit.name().to_lowercase()
                     ));
                 }
+                // What a borrowing limit borrowed is counted on a counter of its own.
+                if let Some(b) = &l.borrow {
+                    if RedisStore::tick_for(&b.extra.limit).is_none() {
+                        out.push(format!(
+                            "{}: domain `{}`: `borrow.up_to: {}` leaves {} per {} to borrow, beyond what the Redis store computes exactly (lower `up_to` or use a shorter unit)",
+                            rule.origin,
+                            domain.name,
+                            b.up_to,
+                            b.extra.requests_per_unit,
+                            l.unit.name().to_lowercase()
+                        ));
+                    }
+                }
+            }
+        }
+        for pool in &domain.pools {
+            if RedisStore::tick_for(&pool.limit.limit).is_none() {
+                out.push(format!(
+                    "{}: domain `{}`: pool `{}`: {} per {} with this burst is beyond what the Redis store computes exactly (lower the burst or use a shorter unit)",
+                    domain.files.join(", "),
+                    domain.name,
+                    pool.name,
+                    pool.limit.requests_per_unit,
+                    pool.limit.unit.name().to_lowercase()
+                ));
             }
         }
     }
@@ -228,5 +253,35 @@ impl Maintainer {
     pub async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A borrowing limit whose borrowed counter, or a pool, the Redis store cannot
+    /// compute is named at start, not left to fail every request.
+    #[test]
+    fn a_borrowed_counter_or_pool_out_of_range_is_named() {
+        let text = "domain: d
+pools:
+  - {name: wide, rate_limit: {unit: month, requests_per_unit: 4294967291, algorithm: token_bucket}}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: month, requests_per_unit: 1, algorithm: token_bucket, borrow: {from: wide, up_to: 4294967292}}
+";
+        let set = tollgate::rules::from_str("d.yaml", text).expect("valid rules");
+        let problems = redis_out_of_range(&set);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("`borrow.up_to: 4294967292`")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("pool `wide`")),
+            "{problems:?}"
+        );
     }
 }

@@ -290,6 +290,69 @@ descriptors:
     assert_eq!(after.statuses[0].remaining, 9, "charged once");
 }
 
+/// A borrowing limit in shadow mode over its own limit charges the pool for each
+/// request, past the pool's limit once it is spent: the pool's debt then holds another
+/// key to its guarantee after the refill.
+#[test]
+fn a_shadowed_borrower_charges_a_spent_pool() {
+    let clock = ManualClock::new(T0);
+    let rules = "
+domain: pooled
+pools:
+  - {name: shared, rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket}}
+descriptors:
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, borrow: {from: shared, up_to: 3}}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, borrow: {from: shared, up_to: 3}}
+";
+    let l = limiter_on(MemoryStore::new(), &clock, rules);
+    let trial = RateLimitRequest::new("pooled", [vec![("trial", "t")]]);
+    // Its own 1, then 3 over it (shadow: answered OK): the pool's 2 tokens, then 2 owed.
+    for _ in 0..4 {
+        assert_eq!(l.check_now(&trial).unwrap().overall, Code::Ok);
+    }
+    assert!(l.check_now(&trial).unwrap().statuses[0].would_reject);
+    // A minute later the pool has repaid its debt and holds nothing: a tenant gets its
+    // own 1, and may not borrow.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(l.check_now(&request(0)).unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.check_now(&request(0)).unwrap().overall,
+        Code::OverLimit,
+        "the pool was not charged while spent"
+    );
+}
+
+/// With every descriptor in quota mode (`--quota-mode`), a limit that borrows is still
+/// judged on its own: a tenant past its own limit borrows, another descriptor of the
+/// request does not outvote it.
+#[test]
+fn a_borrowing_limit_is_not_in_quota_mode() {
+    let clock = ManualClock::new(T0);
+    let rules = Arc::new(Rules::fixed(from_str("pooled.yaml", RULES).unwrap()));
+    let l = Limiter::new(rules, MemoryStore::new())
+        .with_clock(Arc::new(clock.clone()))
+        .with_settings(tollgate::limiter::Settings {
+            global_quota_mode: true,
+            ..Default::default()
+        });
+    let r = RateLimitRequest::new("pooled", [vec![("tenant", "a")], vec![("free", "f")]]);
+    let mut model = Model::default();
+    for i in 0..12 {
+        let (admitted, borrowed) = model.decide(clock.now(), 0);
+        let got = l.check_now(&r).unwrap();
+        let s = &got.statuses[0];
+        assert_eq!(
+            (s.code == Code::Ok, s.over_soft_limit),
+            (admitted, borrowed),
+            "request {i}"
+        );
+        assert_eq!(s.quota, None, "request {i}");
+    }
+}
+
 /// A store that fails answers by the failure mode, borrowing or not.
 #[test]
 fn a_failing_store_answers_by_the_failure_mode() {

@@ -1775,3 +1775,34 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A reload that changes a limit's numbers keeps its counters, but for a limit with a
+/// warm-up, which keeps how warm a key is in units of its rate: new numbers, or adding
+/// or removing the warm-up, start its keys afresh rather than misread them.
+#[test]
+fn a_warm_up_limit_starts_afresh_when_its_numbers_change() {
+    let id = |limit: &str| {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {limit}\n");
+        from_str("f.yaml", &text)
+            .unwrap()
+            .domain("d")
+            .unwrap()
+            .rules()[0]
+            .limits[0]
+            .limit
+            .id()
+    };
+    let plain = "{unit: second, requests_per_unit: 10, algorithm: token_bucket}";
+    assert_eq!(id(plain), id(&plain.replace("10,", "1000,")), "kept");
+    let warm = "{unit: second, requests_per_unit: 10, algorithm: token_bucket, warmup: 60s}";
+    assert_eq!(id(warm), id(warm), "the same rule keeps its counter");
+    for other in [
+        warm.replace("10,", "1000,"),
+        warm.replace("second", "minute"),
+        warm.replace("60s", "30s"),
+        warm.replace("}", ", burst: 20}"),
+        plain.to_string(),
+    ] {
+        assert_ne!(id(warm), id(&other), "{other}");
+    }
+}

@@ -18,7 +18,8 @@
 //!
 //! A borrowing limit is charged only when its request is admitted, whatever its
 //! `charge_rejected`. In shadow mode a borrowing limit is judged by its own limit only,
-//! and charges the pool for every request.
+//! and charges the pool for every request. The calls share the caller's budget
+//! (`check_within`): each gets what the ones before it left.
 
 use super::plan::Plan;
 use super::Limiter;
@@ -84,6 +85,10 @@ impl<S: Store> Limiter<S> {
         budget: Option<std::time::Duration>,
     ) -> Result<Borrowed, store::Error> {
         let n = checks.len();
+        // One budget for the whole request, however many calls it takes.
+        let deadline = budget.map(|b| (std::time::Instant::now() + b, b));
+        let left =
+            || deadline.map(|(at, _)| at.saturating_duration_since(std::time::Instant::now()));
         let lenders: Vec<(usize, &Borrow)> = plan
             .runs
             .iter()
@@ -97,14 +102,14 @@ impl<S: Store> Limiter<S> {
             first[i].charge = ChargeRejected::None;
             first.push(pool_check(&checks[i], b, false));
         }
-        let mut d1 = self.decide(now, &first, budget).await?;
+        let mut d1 = self.decide(now, &first, left()).await?;
         if !rejects(&first, |k| d1[k].allowed) {
             let spent = lenders
                 .iter()
                 .enumerate()
-                .filter(|&(j, &(i, _))| d1[i].allowed && !d1[n + j].allowed)
+                .filter(|&(j, &(i, _))| (d1[i].allowed || checks[i].shadow) && !d1[n + j].allowed)
                 .map(|(_, &(i, b))| (i, b));
-            self.charge_spent_pools(now, budget, spent, checks).await;
+            self.charge_spent_pools(now, left(), spent, checks).await;
             d1.truncate(n);
             return Ok(Borrowed {
                 decisions: d1,
@@ -156,7 +161,7 @@ impl<S: Store> Limiter<S> {
                 }
             }
         }
-        let d2 = self.decide(now, &second, budget).await?;
+        let d2 = self.decide(now, &second, left()).await?;
         let admitted = !rejects(&second, |k| d2[k].allowed);
         let mut decisions = d1[..n].to_vec();
         let mut borrowed = Vec::new();
@@ -174,7 +179,9 @@ impl<S: Store> Limiter<S> {
                             0,
                             d1[i].reset_after.max(extra.reset_after),
                         );
-                        borrowed.push(i);
+                        if admitted {
+                            borrowed.push(i);
+                        }
                     } else {
                         // Over its own limit, and it cannot borrow: until either frees.
                         let wait = [extra, pool]
@@ -187,7 +194,9 @@ impl<S: Store> Limiter<S> {
                         }
                     }
                 }
-                Role::Pool(i, false) if admitted && decisions[i].allowed && !d2[k].allowed => {
+                Role::Pool(i, false)
+                    if admitted && (decisions[i].allowed || checks[i].shadow) && !d2[k].allowed =>
+                {
                     spent.push(i);
                 }
                 Role::Pool(..) => {}
@@ -197,7 +206,7 @@ impl<S: Store> Limiter<S> {
             let spent = spent
                 .into_iter()
                 .filter_map(|i| plan.runs[i].limit.borrow.as_deref().map(|b| (i, b)));
-            self.charge_spent_pools(now, budget, spent, checks).await;
+            self.charge_spent_pools(now, left(), spent, checks).await;
         }
         Ok(Borrowed {
             decisions,
@@ -206,8 +215,9 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Charges the pools that had no room for requests admitted within their own
-    /// limits, past the pools' limits: what keys use of their guarantee is taken from the
-    /// pool too. A failure is logged and counted; the request stays admitted.
+    /// limits (or in shadow mode), past the pools' limits: what keys use of their
+    /// guarantee is taken from the pool too. A failure is logged and counted; the request
+    /// stays admitted. Skipped when the caller's budget is spent (`Some(0)`).
     async fn charge_spent_pools<'b>(
         &self,
         now: Nanos,
@@ -225,7 +235,7 @@ impl<S: Store> Limiter<S> {
                 charge: ChargeRejected::All,
             })
             .collect();
-        if forced.is_empty() {
+        if forced.is_empty() || budget.is_some_and(|b| b.is_zero()) {
             return;
         }
         if let Err(e) = self.decide(now, &forced, budget).await {

@@ -196,7 +196,9 @@ pub(super) fn plan<'r>(
                         limit: Cow::Borrowed(l.for_class(class_of(l, &d.entries))),
                         cost,
                         shadow,
-                        quota,
+                        // A limit that borrows is never in quota mode (`--quota-mode`
+                        // included): it is admitted by its own limit or by its pool.
+                        quota: if l.borrow.is_some() { None } else { quota },
                         charge,
                     });
                 }

@@ -460,7 +460,13 @@ impl Compiler<'_> {
                 for (name, span) in &l.replaces {
                     self.replaces.push((file.to_string(), name.clone(), *span));
                 }
-                let id = counter_id(self.domain, &stat_path, index, l.spec);
+                let id = counter_id(
+                    self.domain,
+                    &stat_path,
+                    index,
+                    l.spec,
+                    (l.requests_per_unit, l.unit),
+                );
                 let built = l
                     .spec
                     .build(l.requests_per_unit, l.unit, id)
@@ -621,9 +627,21 @@ fn priority_classes(
 
 /// A counter's identity: the domain, the rule's place in the tree, which of its limits,
 /// and the algorithm (a new algorithm cannot read the old one's state). The numbers are
-/// left out on purpose: a reload that only changes them keeps the counters.
-fn counter_id(domain: &str, stat_path: &str, index: usize, spec: LimitSpec) -> u64 {
+/// left out on purpose: a reload that only changes them keeps the counters. But for a
+/// limit with a warm-up (`warm_numbers`: its `requests_per_unit` and unit): how warm a
+/// key is, is kept in units of its rate, so changing the numbers, or adding or removing
+/// the warm-up, starts its keys afresh (cold) rather than misread them.
+fn counter_id(
+    domain: &str,
+    stat_path: &str,
+    index: usize,
+    spec: LimitSpec,
+    warm_numbers: (u64, super::Unit),
+) -> u64 {
     let mut h = DefaultHasher::new();
     (domain, stat_path, index, spec.algorithm, spec.queue).hash(&mut h);
+    if !spec.warmup.is_zero() {
+        (spec.warmup, spec.burst, warm_numbers).hash(&mut h);
+    }
     h.finish()
 }

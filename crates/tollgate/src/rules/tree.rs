@@ -204,11 +204,17 @@ impl RuleLimit {
     pub fn with_override(&self, requests_per_unit: u64, unit: Unit) -> Option<RuleLimit> {
         // Envoy's service keys a counter by descriptor and window: an override in the
         // rule's own unit counts on the rule's counter, one in another unit on its own.
-        let id = if unit == self.unit {
+        // A warm-up keeps how warm a key is in units of its rate: other numbers count
+        // on a counter of their own.
+        let warm = !self.spec.warmup.is_zero() && requests_per_unit != self.requests_per_unit;
+        let id = if unit == self.unit && !warm {
             self.limit.id()
         } else {
             let mut h = std::hash::DefaultHasher::new();
             std::hash::Hash::hash(&(self.limit.id(), "unit", unit), &mut h);
+            if warm {
+                std::hash::Hash::hash(&requests_per_unit, &mut h);
+            }
             std::hash::Hasher::finish(&h)
         };
         let limit = self.spec.build(requests_per_unit, unit, id).ok()?;
