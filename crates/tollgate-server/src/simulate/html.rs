@@ -81,7 +81,12 @@ fn line_chart(
     marks: &[(f64, String)],
     y_floor: f64,
 ) -> String {
-    let n = series.iter().map(|s| s.values.len()).max().unwrap_or(0).max(1);
+    let n = series
+        .iter()
+        .map(|s| s.values.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let y_max = series
         .iter()
         .flat_map(|s| s.values.iter().copied())
@@ -143,7 +148,11 @@ fn line_chart(
             svg,
             "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{} points=\"{}\"/>",
             s.color,
-            if s.dashed { " stroke-dasharray=\"4 3\"" } else { "" },
+            if s.dashed {
+                " stroke-dasharray=\"4 3\""
+            } else {
+                ""
+            },
             points.trim_end()
         );
     }
@@ -282,7 +291,9 @@ fn retry_after(report: &Report) -> String {
     for (i, o) in report.outcomes.iter().enumerate() {
         let h = &o.retry_after.header;
         let rows: Vec<(String, f64)> = if h.len() <= 20 {
-            h.iter().map(|(s, n)| (format!("{s} s"), *n as f64)).collect()
+            h.iter()
+                .map(|(s, n)| (format!("{s} s"), *n as f64))
+                .collect()
         } else {
             // The 19 most frequent values, and the rest together.
             let mut by_count: Vec<(&u64, &u64)> = h.iter().collect();
@@ -290,13 +301,17 @@ fn retry_after(report: &Report) -> String {
             let rest: u64 = by_count[19..].iter().map(|e| *e.1).sum();
             let mut top: Vec<(&u64, &u64)> = by_count[..19].to_vec();
             top.sort();
-            let mut rows: Vec<(String, f64)> =
-                top.iter().map(|(s, n)| (format!("{s} s"), **n as f64)).collect();
+            let mut rows: Vec<(String, f64)> = top
+                .iter()
+                .map(|(s, n)| (format!("{s} s"), **n as f64))
+                .collect();
             rows.push(("other".into(), rest as f64));
             rows
         };
-        let mut rows: Vec<(&str, &str, f64)> =
-            rows.iter().map(|(s, n)| (s.as_str(), color(i), *n)).collect();
+        let mut rows: Vec<(&str, &str, f64)> = rows
+            .iter()
+            .map(|(s, n)| (s.as_str(), color(i), *n))
+            .collect();
         let never = o.retry_after.never as f64;
         if never > 0.0 {
             rows.push(("never", color(i), never));
@@ -443,7 +458,10 @@ pub fn page(report: &Report) -> String {
             o.wrong_percent()
         );
         body.push_str(&line_chart(
-            &format!("{}: decisions that differ from the exact sliding log", o.name),
+            &format!(
+                "{}: decisions that differ from the exact sliding log",
+                o.name
+            ),
             "requests",
             &[more, fewer],
             step,
@@ -492,7 +510,14 @@ mod tests {
                 offered: 30,
                 admitted: 20,
                 max_in_any_window: 20,
-                buckets: vec![Bucket { offered: 10, admitted: 10, ..Bucket::default() }; 3],
+                buckets: vec![
+                    Bucket {
+                        offered: 10,
+                        admitted: 10,
+                        ..Bucket::default()
+                    };
+                    3
+                ],
                 ..Outcome::default()
             }],
         };

@@ -90,7 +90,9 @@ fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, SimulateError> 
     }
     text.split(',')
         .map(|entry| match entry.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
             _ => Err(bad("expected key=value[,key=value]")),
         })
         .collect()
@@ -111,7 +113,10 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     let entries = parse_descriptor(&args.descriptor)?;
     let set = load(&[&args.config], LoadOptions::default()).map_err(|e| {
         let more = e.iter().count().saturating_sub(1);
-        let first = e.iter().next().map_or_else(|| e.to_string(), ToString::to_string);
+        let first = e
+            .iter()
+            .next()
+            .map_or_else(|| e.to_string(), ToString::to_string);
         SimulateError::Config(if more > 0 {
             format!("{first} (and {more} more)")
         } else {
@@ -134,13 +139,22 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         .ok_or_else(|| no_rule("no rule matches it"))?;
     let limit = match matched.rule.limits.first() {
         Some(limit) if !matched.rule.unlimited => limit.clone(),
-        _ => return Err(no_rule("its rule has no limit (unlimited or an allow-list entry)")),
+        _ => {
+            return Err(no_rule(
+                "its rule has no limit (unlimited or an allow-list entry)",
+            ))
+        }
     };
     let (rpu, unit) = (limit.requests_per_unit, limit.unit);
     let unit_nanos = unit.nanos();
     let traffic = pattern.traffic(duration, unit_nanos, args.seed)?;
     let start = start_of(unit.seconds());
-    let bucket = traffic.duration.div_ceil(MAX_BUCKETS).div_ceil(NANOS_PER_SEC).max(1) * NANOS_PER_SEC;
+    let bucket = traffic
+        .duration
+        .div_ceil(MAX_BUCKETS)
+        .div_ceil(NANOS_PER_SEC)
+        .max(1)
+        * NANOS_PER_SEC;
     let default = entries.last().map_or("", |e| e.1.as_str());
     tracing::info!(
         requests = traffic.arrivals.len(),
@@ -163,7 +177,15 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
             let (name, burst) = algorithm_of(&limit);
             let set = load(&[&args.config], LoadOptions::default())
                 .map_err(|e| SimulateError::Config(e.to_string()))?;
-            runs.push(Run::rule(name, burst, set, &args.domain, &entries, &traffic, start));
+            runs.push(Run::rule(
+                name,
+                burst,
+                set,
+                &args.domain,
+                &entries,
+                &traffic,
+                start,
+            ));
         }
     }
     let total = traffic.arrivals.len() as u64 * (runs.len() as u64 + 1);
@@ -173,7 +195,17 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
             exact.play(&traffic, start, unit_nanos, bucket, None, &mut progress)?;
         let mut outcomes = Vec::new();
         for run in runs {
-            outcomes.push(run.play(&traffic, start, unit_nanos, bucket, Some(&decisions), &mut progress)?.0);
+            outcomes.push(
+                run.play(
+                    &traffic,
+                    start,
+                    unit_nanos,
+                    bucket,
+                    Some(&decisions),
+                    &mut progress,
+                )?
+                .0,
+            );
         }
         Ok::<_, SimulateError>((exact_outcome, outcomes))
     })();

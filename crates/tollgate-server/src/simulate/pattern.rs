@@ -519,7 +519,11 @@ mod tests {
     #[test]
     fn steady_makes_its_rate_every_second() {
         let t = traffic("steady:50", 10);
-        assert!(per_second(&t).iter().all(|&n| n == 50), "{:?}", per_second(&t));
+        assert!(
+            per_second(&t).iter().all(|&n| n == 50),
+            "{:?}",
+            per_second(&t)
+        );
         assert_eq!(t.arrivals[1].at - t.arrivals[0].at, S / 50);
     }
 
@@ -553,8 +557,14 @@ mod tests {
         assert_eq!(t.arrivals.len(), 2 * 2 * 20);
         let edge = S / 100;
         for turn in [S, 2 * S] {
-            let before = t.arrivals.iter().filter(|a| a.at >= turn - edge && a.at < turn);
-            let after = t.arrivals.iter().filter(|a| a.at >= turn && a.at < turn + edge);
+            let before = t
+                .arrivals
+                .iter()
+                .filter(|a| a.at >= turn - edge && a.at < turn);
+            let after = t
+                .arrivals
+                .iter()
+                .filter(|a| a.at >= turn && a.at < turn + edge);
             assert_eq!((before.count(), after.count()), (20, 20));
         }
     }
@@ -574,11 +584,21 @@ mod tests {
         let t = traffic("ramp:10:110", 10);
         let s = per_second(&t);
         // Linear: 15, 25, ..., 105 a second; 600 in all.
-        assert!((t.arrivals.len() as i64 - 600).abs() <= 1, "{}", t.arrivals.len());
-        assert!((s[0] as i64 - 15).abs() <= 1 && (s[9] as i64 - 105).abs() <= 1, "{s:?}");
+        assert!(
+            (t.arrivals.len() as i64 - 600).abs() <= 1,
+            "{}",
+            t.arrivals.len()
+        );
+        assert!(
+            (s[0] as i64 - 15).abs() <= 1 && (s[9] as i64 - 105).abs() <= 1,
+            "{s:?}"
+        );
         let down = traffic("ramp:110:10", 10);
         let s = per_second(&down);
-        assert!((s[0] as i64 - 105).abs() <= 1 && (s[9] as i64 - 15).abs() <= 1, "{s:?}");
+        assert!(
+            (s[0] as i64 - 105).abs() <= 1 && (s[9] as i64 - 15).abs() <= 1,
+            "{s:?}"
+        );
     }
 
     #[test]
@@ -609,7 +629,11 @@ mod tests {
         assert!(matches!(e, SimulateError::TooManyRequests { .. }), "{e}");
     }
 
-    fn replay_text(name: &str, text: &str, duration: Option<Nanos>) -> Result<Traffic, SimulateError> {
+    fn replay_text(
+        name: &str,
+        text: &str,
+        duration: Option<Nanos>,
+    ) -> Result<Traffic, SimulateError> {
         let dir = std::env::temp_dir().join(format!("tollgate-replay-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join(name);
@@ -625,8 +649,12 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(t.keys, vec![Some("alice".to_string()), Some("bob".to_string())]);
-        let got: Vec<(Nanos, u32, u32)> = t.arrivals.iter().map(|a| (a.at, a.key, a.cost)).collect();
+        assert_eq!(
+            t.keys,
+            vec![Some("alice".to_string()), Some("bob".to_string())]
+        );
+        let got: Vec<(Nanos, u32, u32)> =
+            t.arrivals.iter().map(|a| (a.at, a.key, a.cost)).collect();
         assert_eq!(got, vec![(S / 4, 1, 1), (3 * S / 2, 0, 3), (2 * S, 0, 1)]);
         assert_eq!(t.duration, 3 * S);
         let cut = replay_text("cut.csv", "0,a\n5,a\n", Some(2 * S)).unwrap();
@@ -643,12 +671,19 @@ mod tests {
             ("-1,a\n", 1, "not a time"),
         ] {
             let e = replay_text("bad.csv", text, None).unwrap_err().to_string();
-            assert!(e.contains(&format!("bad.csv:{line}: ")) && e.contains(words), "{e}");
+            assert!(
+                e.contains(&format!("bad.csv:{line}: ")) && e.contains(words),
+                "{e}"
+            );
         }
         let long = format!("0,{}\n", "v".repeat(MAX_LINE_BYTES + 10));
-        let e = replay_text("long.csv", &long, None).unwrap_err().to_string();
+        let e = replay_text("long.csv", &long, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("long.csv:1: longer than"), "{e}");
-        let e = replay_text("empty.csv", "# nothing\n", None).unwrap_err().to_string();
+        let e = replay_text("empty.csv", "# nothing\n", None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no requests"), "{e}");
     }
 }

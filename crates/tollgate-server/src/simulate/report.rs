@@ -196,7 +196,11 @@ pub fn csv(report: &Report) -> String {
     let rows = report.outcomes.first().map_or(0, |o| o.buckets.len());
     for i in 0..rows {
         let offered = report.outcomes[0].buckets[i].offered;
-        let _ = write!(out, "{},{offered}", i as u64 * report.bucket / NANOS_PER_SEC);
+        let _ = write!(
+            out,
+            "{},{offered}",
+            i as u64 * report.bucket / NANOS_PER_SEC
+        );
         for o in &report.outcomes {
             let b = o.buckets[i];
             let _ = write!(out, ",{},{}", b.admitted, b.more + b.fewer);
@@ -217,7 +221,10 @@ mod tests {
         r.record(Some(NANOS_PER_SEC));
         r.record(Some(NANOS_PER_SEC + 1));
         r.record(None);
-        assert_eq!((r.count, r.never, r.min, r.max), (3, 1, NANOS_PER_SEC / 2, NANOS_PER_SEC + 1));
+        assert_eq!(
+            (r.count, r.never, r.min, r.max),
+            (3, 1, NANOS_PER_SEC / 2, NANOS_PER_SEC + 1)
+        );
         assert_eq!(r.header, BTreeMap::from([(1, 2), (2, 1)]));
     }
 }

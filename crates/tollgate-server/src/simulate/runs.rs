@@ -79,12 +79,17 @@ impl Run {
             algorithm: algorithm.to_string(),
             requests_per_unit,
             unit: unit.name().to_ascii_lowercase(),
-            reason: e.iter().next().map_or_else(|| e.to_string(), |e| e.message.clone()),
+            reason: e
+                .iter()
+                .next()
+                .map_or_else(|| e.to_string(), |e| e.message.clone()),
         })?;
         let requests = traffic
             .keys
             .iter()
-            .map(|k| RateLimitRequest::new("simulate", [[("key", k.as_deref().unwrap_or(default))]]))
+            .map(|k| {
+                RateLimitRequest::new("simulate", [[("key", k.as_deref().unwrap_or(default))]])
+            })
             .collect();
         Ok(Self::new(
             algorithm.to_string(),
