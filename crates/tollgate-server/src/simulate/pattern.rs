@@ -430,7 +430,7 @@ fn replay(file: &Path, duration: Option<Nanos>) -> Result<Traffic, SimulateError
             )));
         }
         let secs = match fields[0].parse::<f64>() {
-            Ok(s) if s.is_finite() && s >= 0.0 && s < 1e9 => s,
+            Ok(s) if (0.0..1e9).contains(&s) => s,
             _ => {
                 return Err(bad(format!(
                     "`{}` is not a time in seconds (a number from 0)",
