@@ -276,7 +276,13 @@ fn summary(report: &Report) -> String {
             if ra.count == 0 {
                 "none".to_string()
             } else {
-                let shown = |n: u64| crate::HumanDuration(std::time::Duration::from_nanos(n));
+                let shown = |n: u64| {
+                    if n < 1_000 {
+                        format!("{n}ns")
+                    } else {
+                        crate::HumanDuration(std::time::Duration::from_nanos(n)).to_string()
+                    }
+                };
                 let mean = (ra.sum / u128::from(ra.count)).min(u128::from(u64::MAX)) as u64;
                 format!("{} / {} / {}", shown(ra.min), shown(mean), shown(ra.max))
             }
@@ -368,31 +374,6 @@ pub fn page(report: &Report) -> String {
          otherwise than the exact sliding log of the same numbers on the same traffic.</p>",
     );
 
-    let _ = write!(body, "<h2>Offered and admitted, per {per}</h2>");
-    for (i, o) in report.outcomes.iter().enumerate() {
-        let offered = Series {
-            name: "offered",
-            color: OFFERED,
-            values: o.buckets.iter().map(|b| b.offered as f64 / step).collect(),
-            dashed: false,
-        };
-        let admitted = Series {
-            name: &o.name,
-            color: color(i),
-            values: o.buckets.iter().map(|b| b.admitted as f64 / step).collect(),
-            dashed: false,
-        };
-        body.push_str(&line_chart(
-            &format!("{}: offered and admitted requests a second", o.name),
-            "requests / s",
-            &[offered, admitted],
-            step,
-            220.0,
-            &[],
-            0.0,
-        ));
-    }
-
     let _ = write!(
         body,
         "<h2>The most admitted in any window of one {unit}, against the limit</h2>"
@@ -428,6 +409,31 @@ pub fn page(report: &Report) -> String {
         &[(limit, limit_text)],
         0.0,
     ));
+
+    let _ = write!(body, "<h2>Offered and admitted, per {per}</h2>");
+    for (i, o) in report.outcomes.iter().enumerate() {
+        let offered = Series {
+            name: "offered",
+            color: OFFERED,
+            values: o.buckets.iter().map(|b| b.offered as f64 / step).collect(),
+            dashed: false,
+        };
+        let admitted = Series {
+            name: &o.name,
+            color: color(i),
+            values: o.buckets.iter().map(|b| b.admitted as f64 / step).collect(),
+            dashed: false,
+        };
+        body.push_str(&line_chart(
+            &format!("{}: offered and admitted requests a second", o.name),
+            "requests / s",
+            &[offered, admitted],
+            step,
+            220.0,
+            &[],
+            0.0,
+        ));
+    }
 
     body.push_str("<h2>Retry-After values given</h2>");
     body.push_str(&retry_after(report));
