@@ -26,6 +26,7 @@ fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("simulate")
         .args(args)
+        .env_remove("TOLLGATE_LOG")
         .output()
         .unwrap()
 }
@@ -348,6 +349,7 @@ fn bad_input_is_one_clear_line() {
     ]);
     assert!(e.contains("window turn"), "{e}");
     let missing = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .env_remove("TOLLGATE_LOG")
         .args([
             "simulate",
             "--config",

@@ -59,6 +59,10 @@ pub struct SimulateArgs {
     /// Seed of the `poisson` pattern's random arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Log filter for stderr (tracing's `RUST_LOG` syntax): `info` tells what each step
+    /// does (the traffic made, replay lines past --duration left out).
+    #[arg(long, env = "TOLLGATE_LOG", default_value = "warn")]
+    pub log: String,
 }
 
 /// Which algorithms `tollgate simulate` runs.
@@ -254,6 +258,13 @@ fn write(dir: &Path, report: &Report) -> Result<(), SimulateError> {
 
 /// `tollgate simulate`: runs and prints a summary line per algorithm, or the error.
 pub fn main(args: &SimulateArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
     match simulate(args) {
         Ok(report) => {
             println!(

@@ -169,7 +169,7 @@ impl Run {
         } else {
             0
         });
-        tracing::debug!(algorithm = %self.name, requests = traffic.arrivals.len(), "simulating");
+        tracing::info!(algorithm = %self.name, requests = traffic.arrivals.len(), "running");
         for (i, a) in traffic.arrivals.iter().enumerate() {
             self.clock.set(start + a.at);
             let Some(request) = self.requests.get_mut(a.key as usize) else {
