@@ -279,6 +279,11 @@ fn bad_input_is_one_clear_line() {
         "5y",
     ]);
     assert!(e.contains("`5y` is not a duration"), "{e}");
+    let e = fails(&with(
+        &base[..4],
+        &["--pattern", "steady:0.001", "--duration", "4000d"],
+    ));
+    assert!(e.contains("`4000d` is longer than 3650d"), "{e}");
     let e = fails(&[
         "--domain",
         "shop",

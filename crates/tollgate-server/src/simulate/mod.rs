@@ -74,6 +74,9 @@ pub enum Algorithms {
     All,
 }
 
+/// The longest simulated time: ten years.
+const MAX_DURATION: Nanos = 3_650 * 86_400 * NANOS_PER_SEC;
+
 /// The most timeline buckets a report holds; longer runs widen them past a second.
 const MAX_BUCKETS: u64 = 10_000;
 
@@ -111,8 +114,16 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         .map(parse_duration)
         .transpose()
         .map_err(SimulateError::Duration)?;
-    if duration == Some(0) {
-        return Err(SimulateError::Duration("must be above zero".into()));
+    match duration {
+        Some(0) => return Err(SimulateError::Duration("must be above zero".into())),
+        Some(d) if d > MAX_DURATION => {
+            return Err(SimulateError::Duration(format!(
+                "`{}` is longer than {}d",
+                args.duration.as_deref().unwrap_or_default(),
+                MAX_DURATION / 86_400 / NANOS_PER_SEC
+            )))
+        }
+        _ => {}
     }
     let entries = parse_descriptor(&args.descriptor)?;
     let set = load(&[&args.config], LoadOptions::default()).map_err(|e| {
