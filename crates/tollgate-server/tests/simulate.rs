@@ -419,14 +419,16 @@ fn the_report_page_shows_its_charts_in_a_browser() {
         String::from_utf8_lossy(&output.stderr)
     );
     let dom = String::from_utf8_lossy(&output.stdout);
-    // Per algorithm: offered vs admitted, Retry-After, differences; plus the window bars
-    // and the window timeline.
-    assert!(dom.matches("<svg").count() >= 6 * 3 + 2, "{dom}");
-    assert!(dom.matches("<polyline").count() >= 6 * 4, "{dom}");
+    // Per algorithm: offered vs admitted and the differences; plus the window bars and
+    // timeline, and the Retry-After bars and retry times.
+    assert!(dom.matches("<svg").count() >= 6 * 2 + 4, "{dom}");
+    assert!(dom.matches("<polyline").count() >= 6 * 4 + 6 * 2, "{dom}");
     for words in [
         "Most admitted in any one-second window, per algorithm",
         "limit: 20 per second",
-        "Retry-After header values given by fixed_window",
+        "Retry-After header values given, per algorithm",
+        "fixed_window: 1 s",
+        "Retry times given, by tenth of a second",
         "fixed_window: decisions that differ from the exact sliding log",
         "40 (2.00× the limit)",
     ] {

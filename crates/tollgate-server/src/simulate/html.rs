@@ -74,6 +74,7 @@ const PAD_B: f64 = 40.0;
 /// the largest value (or `y_floor`, if larger); horizontal lines at `marks`.
 fn line_chart(
     title: &str,
+    x_title: &str,
     y_title: &str,
     series: &[Series<'_>],
     step: f64,
@@ -185,7 +186,7 @@ fn line_chart(
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" class=\"tick\">{}</text></svg>",
         PAD_L + pw / 2.0,
         height - 4.0,
-        "time"
+        esc(x_title)
     ));
     svg
 }
@@ -293,46 +294,68 @@ fn summary(report: &Report) -> String {
 }
 
 fn retry_after(report: &Report) -> String {
-    let mut out = String::new();
+    // The header values: per algorithm its five most frequent, and the rest together.
+    let mut labels: Vec<(String, usize, f64)> = Vec::new();
     for (i, o) in report.outcomes.iter().enumerate() {
-        let h = &o.retry_after.header;
-        let rows: Vec<(String, f64)> = if h.len() <= 20 {
-            h.iter()
-                .map(|(s, n)| (format!("{s} s"), *n as f64))
-                .collect()
-        } else {
-            // The 19 most frequent values, and the rest together.
-            let mut by_count: Vec<(&u64, &u64)> = h.iter().collect();
-            by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-            let rest: u64 = by_count[19..].iter().map(|e| *e.1).sum();
-            let mut top: Vec<(&u64, &u64)> = by_count[..19].to_vec();
-            top.sort();
-            let mut rows: Vec<(String, f64)> = top
-                .iter()
-                .map(|(s, n)| (format!("{s} s"), **n as f64))
-                .collect();
-            rows.push(("other".into(), rest as f64));
-            rows
-        };
-        let mut rows: Vec<(&str, &str, f64)> = rows
-            .iter()
-            .map(|(s, n)| (s.as_str(), color(i), *n))
-            .collect();
-        let never = o.retry_after.never as f64;
-        if never > 0.0 {
-            rows.push(("never", color(i), never));
+        let mut by_count: Vec<(u64, u64)> =
+            o.retry_after.header.iter().map(|(s, n)| (*s, *n)).collect();
+        by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let rest: u64 = by_count.iter().skip(5).map(|e| e.1).sum();
+        by_count.truncate(5);
+        by_count.sort();
+        for (secs, n) in by_count {
+            labels.push((format!("{}: {secs} s", o.name), i, n as f64));
         }
-        let _ = write!(out, "<h3>{}</h3>", esc(&o.name));
-        if rows.is_empty() {
-            out.push_str("<p>No rejections.</p>");
-        } else {
-            out.push_str(&bar_chart(
-                &format!("Retry-After header values given by {}", o.name),
-                &rows,
-                None,
-            ));
+        if rest > 0 {
+            labels.push((format!("{}: other", o.name), i, rest as f64));
+        }
+        if o.retry_after.never > 0 {
+            labels.push((format!("{}: never", o.name), i, o.retry_after.never as f64));
         }
     }
+    let mut out = String::new();
+    if labels.is_empty() {
+        out.push_str("<p>No rejections.</p>");
+        return out;
+    }
+    let rows: Vec<(&str, &str, f64)> = labels
+        .iter()
+        .map(|(l, i, n)| (l.as_str(), color(*i), *n))
+        .collect();
+    out.push_str("<h3>The Retry-After header (whole seconds, rounded up)</h3>");
+    out.push_str(&bar_chart(
+        "Retry-After header values given, per algorithm",
+        &rows,
+        None,
+    ));
+    let unit = report.unit.name().to_ascii_lowercase();
+    let _ = write!(
+        out,
+        "<h3>The exact retry times, by tenth of a {unit}</h3><p class=\"note\">How many \
+         rejections were told to retry within each tenth of the limit's unit; the last point: \
+         a {unit} or more.</p>"
+    );
+    let series: Vec<Series<'_>> = report
+        .outcomes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| Series {
+            name: &o.name,
+            color: color(i),
+            values: o.retry_after.tenths.iter().map(|&n| n as f64).collect(),
+            dashed: false,
+        })
+        .collect();
+    out.push_str(&line_chart(
+        &format!("Retry times given, by tenth of a {unit}"),
+        "retry after",
+        "rejections",
+        &series,
+        report.unit.seconds() as f64 / 10.0,
+        260.0,
+        &[],
+        0.0,
+    ));
     out
 }
 
@@ -402,6 +425,7 @@ pub fn page(report: &Report) -> String {
         .collect();
     body.push_str(&line_chart(
         &format!("Admitted in the {unit} before each admission (highest per {per})"),
+        "time",
         &format!("admitted in one {unit}"),
         &series,
         step,
@@ -426,6 +450,7 @@ pub fn page(report: &Report) -> String {
         };
         body.push_str(&line_chart(
             &format!("{}: offered and admitted requests a second", o.name),
+            "time",
             "requests / s",
             &[offered, admitted],
             step,
@@ -468,6 +493,7 @@ pub fn page(report: &Report) -> String {
                 "{}: decisions that differ from the exact sliding log",
                 o.name
             ),
+            "time",
             "requests",
             &[more, fewer],
             step,

@@ -39,6 +39,11 @@ pub struct RetryAfter {
     /// How many rejections gave each `Retry-After` header value (whole seconds,
     /// rounded up).
     pub header: BTreeMap<u64, u64>,
+    /// How many retry times fell in each tenth of the limit's unit (the last: a unit or
+    /// more).
+    pub tenths: [u64; 11],
+    /// The limit's unit, for `tenths`.
+    pub unit: Nanos,
 }
 
 impl RetryAfter {
@@ -53,6 +58,8 @@ impl RetryAfter {
         self.count += 1;
         self.sum += u128::from(r);
         *self.header.entry(r.div_ceil(NANOS_PER_SEC)).or_default() += 1;
+        let tenth = (u128::from(r) * 10 / u128::from(self.unit.max(1))).min(10) as usize;
+        self.tenths[tenth] += 1;
     }
 
     /// The mean, in seconds.
@@ -162,6 +169,7 @@ pub fn json(report: &Report) -> Value {
                 "mean_seconds": o.retry_after.mean_secs(),
                 "max_seconds": secs(o.retry_after.max),
                 "header_seconds": header,
+                "by_tenth_of_unit": o.retry_after.tenths,
             },
         });
         if let (Some(burst), Some(map)) = (o.burst, entry.as_object_mut()) {
@@ -216,7 +224,10 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_headers_up_and_counts_never() {
-        let mut r = RetryAfter::default();
+        let mut r = RetryAfter {
+            unit: NANOS_PER_SEC,
+            ..RetryAfter::default()
+        };
         r.record(Some(NANOS_PER_SEC / 2));
         r.record(Some(NANOS_PER_SEC));
         r.record(Some(NANOS_PER_SEC + 1));
@@ -226,5 +237,6 @@ mod tests {
             (3, 1, NANOS_PER_SEC / 2, NANOS_PER_SEC + 1)
         );
         assert_eq!(r.header, BTreeMap::from([(1, 2), (2, 1)]));
+        assert_eq!(r.tenths, [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 2]);
     }
 }

@@ -12,7 +12,7 @@ use tollgate::store::MemoryStore;
 
 use super::pattern::Traffic;
 use super::progress::Progress;
-use super::report::{Bucket, Outcome};
+use super::report::{Bucket, Outcome, RetryAfter};
 use super::window::WindowMax;
 use super::SimulateError;
 
@@ -161,6 +161,10 @@ impl Run {
             name: self.name.clone(),
             burst: self.burst,
             buckets: vec![Bucket::default(); buckets],
+            retry_after: RetryAfter {
+                unit,
+                ..RetryAfter::default()
+            },
             ..Outcome::default()
         };
         let mut window = WindowMax::new(traffic.keys.len(), unit);
