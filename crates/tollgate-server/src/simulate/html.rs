@@ -70,8 +70,8 @@ const PAD_R: f64 = 20.0;
 const PAD_T: f64 = 30.0;
 const PAD_B: f64 = 40.0;
 
-/// A line chart over the timeline: x in seconds (`step` a point), y from `y_min` to
-/// the largest value (or `y_floor`, if larger); horizontal lines at `marks`.
+/// A line chart: x in seconds (`step` a point, titled `x_title`), y from 0 to
+/// the largest value (at least 1); horizontal lines at `marks`.
 fn line_chart(
     title: &str,
     x_title: &str,
@@ -80,7 +80,6 @@ fn line_chart(
     step: f64,
     height: f64,
     marks: &[(f64, String)],
-    y_floor: f64,
 ) -> String {
     let n = series
         .iter()
@@ -92,7 +91,7 @@ fn line_chart(
         .iter()
         .flat_map(|s| s.values.iter().copied())
         .chain(marks.iter().map(|m| m.0))
-        .fold(y_floor.max(1.0), f64::max)
+        .fold(1.0, f64::max)
         * 1.08;
     let x_max = n as f64 * step;
     let (pw, ph) = (W - PAD_L - PAD_R, height - PAD_T - PAD_B);
@@ -354,7 +353,6 @@ fn retry_after(report: &Report) -> String {
         report.unit.seconds() as f64 / 10.0,
         260.0,
         &[],
-        0.0,
     ));
     out
 }
@@ -431,7 +429,6 @@ pub fn page(report: &Report) -> String {
         step,
         320.0,
         &[(limit, limit_text)],
-        0.0,
     ));
 
     let _ = write!(body, "<h2>Offered and admitted, per {per}</h2>");
@@ -456,7 +453,6 @@ pub fn page(report: &Report) -> String {
             step,
             220.0,
             &[],
-            0.0,
         ));
     }
 
@@ -499,7 +495,6 @@ pub fn page(report: &Report) -> String {
             step,
             200.0,
             &[],
-            0.0,
         ));
     }
 
