@@ -75,6 +75,12 @@ pub enum Command {
         #[arg(long)]
         library: bool,
     },
+    /// Run a rule's limit (or, with `--algorithms all`, its numbers under every
+    /// algorithm) on a manual clock against a traffic pattern, and write report.html,
+    /// report.json and timeline.csv: admitted vs offered, the most admitted in any
+    /// window of one unit, Retry-After values, and decisions that differ from the exact
+    /// sliding log.
+    Simulate(crate::simulate::SimulateArgs),
     /// Delete from Redis the script libraries (Redis Functions) that other versions of
     /// Tollgate loaded, and print their names. Run it once every instance on that Redis
     /// runs this version (an older one still running would load its library again).

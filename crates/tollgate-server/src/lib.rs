@@ -14,6 +14,7 @@ mod grpc;
 mod metrics;
 mod proxy;
 mod service;
+mod simulate;
 mod store;
 mod tls;
 mod validate;
@@ -54,6 +55,7 @@ pub fn run() -> ExitCode {
             }
         },
         Some(Command::RedisPrune { store, tls }) => redis_prune(&store, tls),
+        Some(Command::Simulate(args)) => simulate::main(&args),
         Some(Command::RedisScript {
             algorithms,
             library,
