@@ -30,8 +30,6 @@
 //! assert!(top.len() <= 4);
 //! ```
 
-use std::hash::BuildHasher;
-
 use hashbrown::HashTable;
 
 /// One key the sketch holds, as [`SpaceSaving::top`] reports it.
@@ -133,10 +131,7 @@ impl SpaceSaving {
         self.total = self.total.saturating_add(weight);
         let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
-        if let Some(&slot) = self
-            .index
-            .find(hash, |&s| &*slots[s as usize].key == key)
-        {
+        if let Some(&slot) = self.index.find(hash, |&s| &*slots[s as usize].key == key) {
             let s = &mut self.slots[slot as usize];
             s.count = s.count.saturating_add(weight);
             s.truncated |= truncated;
@@ -334,7 +329,10 @@ mod tests {
             let u = rng.unit();
             let rank = cumulative.partition_point(|&c| c < u).min(n - 1);
             // Scatter the ranks over the key space so that order says nothing.
-            let key = format!("user-{:016x}", (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let key = format!(
+                "user-{:016x}",
+                (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            );
             *truth.entry(key.clone()).or_default() += 1;
             s.offer(&key, 1);
         }
