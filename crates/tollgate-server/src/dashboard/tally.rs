@@ -56,12 +56,18 @@ pub(crate) struct Point {
 /// near limit, within limit, shadow.
 pub(crate) type RuleRates = VecDeque<[f64; 5]>;
 
+/// A rule's (domain, path).
+pub(crate) type RuleName = (String, String);
+
+/// A sample: when, the service's [`Tally::totals`], each rule's counts.
+type Sample = (Instant, [u64; 4], HashMap<RuleName, [u64; 5]>);
+
 #[derive(Default)]
 struct History {
     /// The previous sample: when, the service's counters, each rule's counts.
-    last: Option<(Instant, [u64; 4], HashMap<(String, String), [u64; 5]>)>,
+    last: Option<Sample>,
     points: VecDeque<Point>,
-    rules: HashMap<(String, String), RuleRates>,
+    rules: HashMap<RuleName, RuleRates>,
 }
 
 /// The dashboard's counters and history (one per [`Metrics`](crate::metrics::Metrics)).
@@ -105,7 +111,7 @@ impl Tally {
     /// `rules`' counts (at most [`SKETCHED_RULES`] of them keep a history of their own).
     pub(crate) fn sample(&self, now: Instant, rules: &[RuleCount]) {
         let totals = self.totals();
-        let counts: HashMap<(String, String), [u64; 5]> = rules
+        let counts: HashMap<RuleName, [u64; 5]> = rules
             .iter()
             .map(|r| ((r.domain.clone(), r.descriptor.clone()), r.counts))
             .collect();
@@ -154,7 +160,7 @@ impl Tally {
     }
 
     /// The service's points, oldest first, and each rule's rates.
-    pub(crate) fn history(&self) -> (Vec<Point>, HashMap<(String, String), Vec<[f64; 5]>>) {
+    pub(crate) fn history(&self) -> (Vec<Point>, HashMap<RuleName, Vec<[f64; 5]>>) {
         let h = self.history.lock();
         (
             h.points.iter().copied().collect(),
