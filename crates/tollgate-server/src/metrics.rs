@@ -555,7 +555,8 @@ impl Metrics {
     }
 
     /// Each rule that has counted: its (domain, path), its counts so far (total, over
-    /// limit, near limit, within limit, shadow) and its hottest keys (`top` of them).
+    /// limit, near limit, within limit, shadow) and its hottest keys (`top` of them; none
+    /// asked for with 0).
     pub(crate) fn rule_counts(&self, top: usize) -> Vec<crate::dashboard::RuleCount> {
         self.rules
             .read()
@@ -570,7 +571,7 @@ impl Metrics {
                     r.get(Slot::WithinLimit),
                     r.get(Slot::ShadowMode),
                 ],
-                hot: r.hot.as_ref().map(|h| h.top(top)),
+                hot: r.hot.as_ref().filter(|_| top > 0).map(|h| h.top(top)),
             })
             .collect()
     }
