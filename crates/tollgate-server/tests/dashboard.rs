@@ -4,11 +4,15 @@
 //! the page shows the rules, non-zero rates and the hottest key, then the error of a
 //! reload that failed.
 //!
+//! On Redis: the store's health, its circuit breaker open once Redis is gone.
+//!
 //! The browser is Debian's `chromium` (`.ci/run` installs it); `TOLLGATE_CHROMIUM`
 //! names another binary.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
 mod support;
 
 use std::path::PathBuf;
@@ -378,4 +382,48 @@ async fn the_gateways_admin_listener_serves_the_dashboard() {
         dom.contains("id=\"reload-error\"") && dom.contains("fortnight"),
         "{dom}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_health_shows_redis_and_its_circuit() {
+    let mut redis = redis_server::RedisServer::start();
+    let dir = tempdir("dashboard-redis");
+    std::fs::write(dir.join("api.yaml"), RULES).unwrap();
+    let store = redis.url();
+    let server = Server::start(&dir, &["--store", store.as_str(), "--admin-token", TOKEN]).await;
+    let c = Client::new();
+    let send = |n: u64| {
+        let (c, url) = (c.clone(), format!("{}/v1/check", server.http));
+        async move {
+            for i in 0..n {
+                let _ = c.post(&url).json(&check(i)).send().await;
+            }
+        }
+    };
+    send(20).await;
+    let s = stats_until(&c, &server.http, |s| {
+        s["store"]["redis"]["calls"].as_u64().is_some_and(|n| n > 0)
+    })
+    .await;
+    assert_eq!(s["store"]["kind"], "redis");
+    assert_eq!(s["store"]["redis"]["circuit"], "closed");
+    assert_eq!(s["store"]["failures"], 0);
+    assert!(s["store"]["leases"].is_object(), "{s:#}");
+
+    // Redis gone: the store fails, the rules' failure mode answers, the circuit opens.
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        send(10).await;
+        let s = stats(&c, &format!("{}/v1/stats", server.http)).await;
+        if s["store"]["redis"]["circuit"] == "open" {
+            assert!(s["store"]["failures"].as_u64().unwrap() > 0, "{s:#}");
+            assert!(s["store"]["fallback_hits"].as_u64().unwrap() > 0, "{s:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the circuit never opened: {s:#}");
+    }
+    let dom = dump_dom(format!("{}/dashboard#token={TOKEN}", server.http), "redis").await;
+    assert!(dom.contains("id=\"circuit\""), "{dom}");
+    assert!(dom.contains(">open<"), "{dom}");
 }
