@@ -10,7 +10,7 @@
 //! cargo bench -p tollgate --bench sketch
 //! ```
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, Criterion};
 use tollgate::sketch::SpaceSaving;
 
 fn keys(n: usize) -> Vec<String> {
@@ -19,8 +19,9 @@ fn keys(n: usize) -> Vec<String> {
         .collect()
 }
 
-fn sketch(c: &mut Criterion) {
-    let mut group = c.benchmark_group("sketch_offer");
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let mut group = criterion.benchmark_group("sketch_offer");
     let distinct = keys(1 << 20);
     group.bench_function("same_key", |b| {
         let mut s = SpaceSaving::new(64, 96);
@@ -55,7 +56,5 @@ fn sketch(c: &mut Criterion) {
         });
     });
     group.finish();
+    criterion.final_summary();
 }
-
-criterion_group!(benches, sketch);
-criterion_main!(benches);
