@@ -371,6 +371,10 @@ async fn run(args: ServeArgs) -> ExitCode {
         Arc::clone(&service),
         stop_rx.clone(),
     ));
+    let ticker = tokio::spawn(crate::dashboard::tick(
+        Arc::clone(&service),
+        stop_rx.clone(),
+    ));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     // Started without rules: the health watchers hear when they load.
     let follower = (!rules.is_loaded())
@@ -409,6 +413,7 @@ async fn run(args: ServeArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     sweeper.abort();
     switch.abort();
+    ticker.abort();
     if let Some(follower) = follower {
         follower.abort();
     }

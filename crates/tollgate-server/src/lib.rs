@@ -8,6 +8,7 @@ mod app;
 mod cli;
 mod conformance;
 mod conn;
+mod dashboard;
 mod enforcement;
 pub mod fuzzing;
 mod grpc;

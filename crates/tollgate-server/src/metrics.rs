@@ -142,6 +142,9 @@ pub struct Metrics {
     /// instead of three label-set lookups and two allocations.
     rules: RwLock<HashMap<RuleKey, Arc<RuleCounters>, ahash::RandomState>>,
     near_limit_ratio: f64,
+    /// The dashboard's figures: decisions, their time, store failures, and the
+    /// per-second history its ticker keeps.
+    pub(crate) dashboard: crate::dashboard::Tally,
 }
 
 /// A rule's (domain, path).
@@ -181,14 +184,23 @@ enum Slot {
 struct RuleCounters {
     labels: RuleLabels,
     slots: [OnceLock<Counter>; 8],
+    /// The rule's hottest keys, for the dashboard (the first
+    /// [`dashboard::SKETCHED_RULES`](crate::dashboard::SKETCHED_RULES) rules only).
+    hot: Option<crate::dashboard::HotKeys>,
 }
 
 impl RuleCounters {
-    fn new(labels: RuleLabels) -> Self {
+    fn new(labels: RuleLabels, sketched: bool) -> Self {
         Self {
             labels,
             slots: Default::default(),
+            hot: sketched.then(crate::dashboard::HotKeys::new),
         }
+    }
+
+    /// The count of `slot` so far.
+    fn get(&self, slot: Slot) -> u64 {
+        self.slots[slot as usize].get().map_or(0, Counter::get)
     }
 
     fn inc(&self, metrics: &Metrics, slot: Slot, by: u64) {
@@ -409,12 +421,15 @@ impl Metrics {
             accept_errors,
             rules: RwLock::new(HashMap::default()),
             near_limit_ratio,
+            dashboard: crate::dashboard::Tally::default(),
         }
     }
 
     /// Records one decided request and how long it took.
     pub fn record(&self, request: &RateLimitRequest, response: &RateLimitResponse, seconds: f64) {
         self.decision_seconds.observe(seconds);
+        self.dashboard
+            .decided(seconds, response.store_failure.is_some());
         if let Some(kind) = response.store_failure {
             self.store_errors.get_or_create(&KindLabels { kind }).inc();
         }
@@ -431,7 +446,11 @@ impl Metrics {
             let hits = d.hits_addend.unwrap_or(default_cost);
             let rule = self.rule(&metric.domain, &metric.path);
             rule.inc(self, Slot::TotalHits, hits);
+            if let Some(hot) = &rule.hot {
+                hot.offer(&d.entries, hits);
+            }
             if let Some(mode) = s.failure_mode {
+                self.dashboard.fell_back(hits);
                 let fallback = FallbackLabels {
                     domain: rule.labels.domain.clone(),
                     descriptor: rule.labels.descriptor.clone(),
@@ -522,14 +541,39 @@ impl Metrics {
         } else {
             "_overflow".to_string()
         };
-        let rule = Arc::new(RuleCounters::new(RuleLabels {
-            domain: domain.to_string(),
-            descriptor,
-        }));
+        let rule = Arc::new(RuleCounters::new(
+            RuleLabels {
+                domain: domain.to_string(),
+                descriptor,
+            },
+            rules.len() < crate::dashboard::SKETCHED_RULES,
+        ));
         if rules.len() < MAX_RULE_SERIES {
             rules.insert((Arc::clone(domain), Arc::clone(path)), Arc::clone(&rule));
         }
         rule
+    }
+
+    /// Each rule that has counted: its (domain, path), its counts so far (total, over
+    /// limit, near limit, within limit, shadow) and its hottest keys (`top` of them; none
+    /// asked for with 0).
+    pub(crate) fn rule_counts(&self, top: usize) -> Vec<crate::dashboard::RuleCount> {
+        self.rules
+            .read()
+            .values()
+            .map(|r| crate::dashboard::RuleCount {
+                domain: r.labels.domain.clone(),
+                descriptor: r.labels.descriptor.clone(),
+                counts: [
+                    r.get(Slot::TotalHits),
+                    r.get(Slot::OverLimit),
+                    r.get(Slot::NearLimit),
+                    r.get(Slot::WithinLimit),
+                    r.get(Slot::ShadowMode),
+                ],
+                hot: r.hot.as_ref().filter(|_| top > 0).map(|h| h.top(top)),
+            })
+            .collect()
     }
 
     /// Metrics for `store` in `region` (see [`in_region`](Self::in_region)): with a

@@ -59,10 +59,14 @@ async fn assert_refused(response: reqwest::Response, what: &str) {
     assert_eq!(body["title"], "Unauthorized", "{what}: {body}");
 }
 
-/// `/rules` and `POST /reload` at `base`: 401 without the token, with a wrong one or
+/// `/rules`, `POST /reload` and `/v1/stats` at `base`: 401 without the token, with a wrong one or
 /// another scheme; 200 with it.
 async fn assert_guarded(c: &Client, base: &str) {
-    for (method, path) in [(Method::GET, "/rules"), (Method::POST, "/reload")] {
+    for (method, path) in [
+        (Method::GET, "/rules"),
+        (Method::POST, "/reload"),
+        (Method::GET, "/v1/stats"),
+    ] {
         let url = format!("{base}{path}");
         let what = format!("{method} {path}");
         assert_refused(call(c, method.clone(), &url, None).await, &what).await;

@@ -32,6 +32,8 @@
 //! - [`inflight`]: concurrency permits (`max_in_flight`), in memory or as Redis leases.
 //! - [`limiter`]: [`Limiter`](limiter::Limiter), the seam every front end calls: rules + store → decisions.
 //! - [`rules`]: Envoy-format rule files, validation, matching, hot reload.
+//! - [`sketch`]: [`SpaceSaving`](sketch::SpaceSaving), the heaviest keys of a stream in
+//!   fixed memory (the dashboard's hot keys).
 //! - [`store`]: the [`Store`](store::Store) trait (atomic, all-or-nothing per request)
 //!   and the in-memory [`MemoryStore`](store::MemoryStore).
 //! - [`throttle`]: [`Throttle`](throttle::Throttle), a repeating log line written at most
@@ -50,6 +52,7 @@ pub mod http;
 pub mod inflight;
 pub mod limiter;
 pub mod rules;
+pub mod sketch;
 pub mod store;
 pub mod throttle;
 

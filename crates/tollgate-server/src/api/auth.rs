@@ -1,6 +1,6 @@
 //! The admin token (`--admin-token`, `--admin-token-file`): with one set, the admin
-//! endpoints that read or change the service (`/rules`, `POST /reload`, and `/metrics`
-//! with `--metrics-require-token`) answer only requests with `Authorization: Bearer
+//! endpoints that read or change the service (`/rules`, `POST /reload`,
+//! `/v1/enforcement`, `/v1/stats`, and `/metrics` with `--metrics-require-token`) answer only requests with `Authorization: Bearer
 //! <token>`; the health checks stay open to the probes.
 
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! The HTTP listener: Envoy's `/json`, Tollgate's `/v1/check`, and the admin endpoints
 //! (`/healthcheck`, `/healthz`, `/readyz`, `/rules`, `/reload`, `/v1/enforcement`,
-//! `/metrics`), which
+//! `/metrics`, the dashboard's `/dashboard` and `/v1/stats`), which
 //! `tollgate serve --admin-listen` and `tollgate proxy --admin-listen` serve alone. With
 //! an admin token (auth.rs), all but the health checks require it (`/metrics` only with
 //! `--metrics-require-token`).
@@ -53,7 +53,8 @@ pub fn admin_router(service: Arc<Service>, access: &AdminAccess) -> Router {
             .route(
                 "/v1/enforcement",
                 get(crate::enforcement::show).post(crate::enforcement::switch),
-            ),
+            )
+            .route("/v1/stats", get(crate::dashboard::stats::handle)),
     );
     let metrics = Router::new().route("/metrics", get(admin::metrics));
     let metrics = if access.metrics_guarded() {
@@ -61,7 +62,11 @@ pub fn admin_router(service: Arc<Service>, access: &AdminAccess) -> Router {
     } else {
         metrics
     };
-    health_router(Arc::clone(&service)).merge(control.merge(metrics).with_state(service))
+    // The dashboard's page holds no data (it reads `/v1/stats`, guarded above).
+    let page = Router::new().route("/dashboard", get(crate::dashboard::page));
+    health_router(Arc::clone(&service))
+        .merge(page)
+        .merge(control.merge(metrics).with_state(service))
 }
 
 /// Bytes of request body the check APIs (`/json`, `/v1/check`) read, for requests

@@ -212,6 +212,10 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         Arc::clone(&service),
         stop_rx.clone(),
     ));
+    let ticker = tokio::spawn(crate::dashboard::tick(
+        Arc::clone(&service),
+        stop_rx.clone(),
+    ));
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(addr) = admin_addr {
@@ -250,6 +254,7 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     sweeper.abort();
     switch.abort();
+    ticker.abort();
     let mut tasks = vec![acceptor];
     tasks.extend(admin.into_iter().flatten());
     let code = workers::drain(args.common.drain_timeout, tasks, done).await;
