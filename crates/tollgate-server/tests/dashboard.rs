@@ -407,6 +407,16 @@ async fn store_health_shows_redis_and_its_circuit() {
     .await;
     assert_eq!(s["store"]["kind"], "redis");
     assert_eq!(s["store"]["redis"]["circuit"], "closed");
+    // Redis's round trip, timed apart from the decision.
+    assert!(
+        s["store"]["redis"]["answered"]
+            .as_u64()
+            .is_some_and(|n| n > 0)
+            && s["store"]["redis"]["round_trip_micros_mean"]
+                .as_f64()
+                .is_some_and(|us| us > 0.0),
+        "{s:#}"
+    );
     assert_eq!(s["store"]["failures"], 0);
     assert!(s["store"]["leases"].is_object(), "{s:#}");
 

@@ -156,6 +156,7 @@ fn rates_json(points: &[Point]) -> Value {
         "shadow": series(|p| p.shadow),
         "decision_micros": series(|p| p.decision_micros),
         "store_failures": series(|p| p.store_failures),
+        "redis_round_trip_micros": series(|p| p.redis_micros),
     })
 }
 
@@ -191,6 +192,12 @@ fn store_json(service: &Service, failures: u64, fallback_hits: u64) -> Value {
         let s = r.stats();
         json!({
             "calls": s.calls,
+            "answered": s.answered,
+            "round_trip_micros_mean": if s.answered == 0 {
+                0.0
+            } else {
+                round(s.answered_nanos as f64 / s.answered as f64 / 1e3)
+            },
             "errors": s.errors,
             "timeouts": s.timeouts,
             "circuit_open_refusals": s.circuit_open,

@@ -50,6 +50,9 @@ pub(crate) struct Point {
     pub decision_micros: f64,
     /// Requests the store failed to decide.
     pub store_failures: f64,
+    /// Mean round trip of the Redis calls answered in the second, in microseconds (0:
+    /// none, or no Redis).
+    pub redis_micros: f64,
 }
 
 /// One rule's rates per second over the last [`HISTORY_SECONDS`]: total, over limit,
@@ -59,8 +62,9 @@ pub(crate) type RuleRates = VecDeque<[f64; 5]>;
 /// A rule's (domain, path).
 pub(crate) type RuleName = (String, String);
 
-/// A sample: when, the service's [`Tally::totals`], each rule's counts.
-type Sample = (Instant, [u64; 4], HashMap<RuleName, [u64; 5]>);
+/// A sample: when, the service's [`Tally::totals`], each rule's counts, and Redis's
+/// answered calls and their summed round trips (ns).
+type Sample = (Instant, [u64; 4], HashMap<RuleName, [u64; 5]>, [u64; 2]);
 
 #[derive(Default)]
 struct History {
@@ -108,18 +112,21 @@ impl Tally {
     }
 
     /// Adds a point to the history: the rates since the previous sample, from these
-    /// `rules`' counts (at most [`SKETCHED_RULES`] of them keep a history of their own).
-    pub(crate) fn sample(&self, now: Instant, rules: &[RuleCount]) {
+    /// `rules`' counts (at most [`SKETCHED_RULES`] of them keep a history of their own)
+    /// and `redis`'s answered calls and their summed round trips in ns (zeros without
+    /// Redis).
+    pub(crate) fn sample(&self, now: Instant, rules: &[RuleCount], redis: [u64; 2]) {
         let totals = self.totals();
         let counts: HashMap<RuleName, [u64; 5]> = rules
             .iter()
             .map(|r| ((r.domain.clone(), r.descriptor.clone()), r.counts))
             .collect();
         let mut h = self.history.lock();
-        let Some((then, before, before_rules)) = h.last.take() else {
-            h.last = Some((now, totals, counts));
+        let Some((then, before, before_rules, redis_before)) = h.last.take() else {
+            h.last = Some((now, totals, counts, redis));
             return;
         };
+        let answered = redis[0].saturating_sub(redis_before[0]);
         let seconds = now.saturating_duration_since(then).as_secs_f64().max(1e-3);
         let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / seconds;
         let decided = totals[0].saturating_sub(before[0]);
@@ -134,6 +141,11 @@ impl Tally {
                 totals[1].saturating_sub(before[1]) as f64 / decided as f64 / 1e3
             },
             store_failures: rate(totals[2], before[2]),
+            redis_micros: if answered == 0 {
+                0.0
+            } else {
+                redis[1].saturating_sub(redis_before[1]) as f64 / answered as f64 / 1e3
+            },
             ..Point::default()
         };
         for (rule, now_counts) in &counts {
@@ -156,7 +168,7 @@ impl Tally {
             h.points.pop_front();
         }
         h.points.push_back(point);
-        h.last = Some((now, totals, counts));
+        h.last = Some((now, totals, counts, redis));
     }
 
     /// The service's points, oldest first, and each rule's rates.
@@ -185,9 +197,13 @@ pub(crate) async fn tick(service: Arc<Service>, mut stop: watch::Receiver<bool>)
             return;
         }
         let metrics = &service.metrics;
+        let redis = service.limiter.store().redis().map_or([0, 0], |r| {
+            let s = r.stats();
+            [s.answered, s.answered_nanos]
+        });
         metrics
             .dashboard
-            .sample(Instant::now(), &metrics.rule_counts(0));
+            .sample(Instant::now(), &metrics.rule_counts(0), redis);
     }
 }
 
@@ -208,11 +224,16 @@ mod tests {
     fn rates_are_the_differences_per_second() {
         let tally = Tally::default();
         let t0 = Instant::now();
-        tally.sample(t0, &[rule(0, 0)]);
+        tally.sample(t0, &[rule(0, 0)], [100, 0]);
         for _ in 0..10 {
             tally.decided(0.000_2, false);
         }
-        tally.sample(t0 + Duration::from_secs(2), &[rule(20, 4)]);
+        // 8 Redis calls answered in 1.2 ms in all: 150 µs each.
+        tally.sample(
+            t0 + Duration::from_secs(2),
+            &[rule(20, 4)],
+            [108, 1_200_000],
+        );
         let (points, rules) = tally.history();
         assert_eq!(points.len(), 1);
         let p = points[0];
@@ -221,12 +242,17 @@ mod tests {
             (5.0, 10.0, 2.0, 8.0)
         );
         assert!((p.decision_micros - 200.0).abs() < 1.0);
+        assert!((p.redis_micros - 150.0).abs() < 1e-9, "{}", p.redis_micros);
         assert_eq!(
             rules[&("d".into(), "k".into())],
             vec![[10.0, 2.0, 0.0, 8.0, 0.0]]
         );
         for s in 3..100 {
-            tally.sample(t0 + Duration::from_secs(s), &[rule(20, 4)]);
+            tally.sample(
+                t0 + Duration::from_secs(s),
+                &[rule(20, 4)],
+                [108, 1_200_000],
+            );
         }
         assert_eq!(tally.history().0.len(), HISTORY_SECONDS);
     }

@@ -168,6 +168,8 @@ impl RedisStoreBuilder {
                 .unwrap_or(u64::MAX)
                 .min(MAX_SLACK_MS),
             calls: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            answered_nanos: AtomicU64::new(0),
             breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
             errors: AtomicU64::new(0),
             functions: AtomicBool::new(self.functions),

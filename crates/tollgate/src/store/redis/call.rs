@@ -261,6 +261,7 @@ pub(super) async fn invoke_reply(
         cmd
     };
     shared.calls.fetch_add(1, Ordering::Relaxed);
+    let sent = std::time::Instant::now();
     let mut conn = conn.clone();
     let mut reply = None;
     if shared.functions.load(Ordering::Relaxed) {
@@ -278,6 +279,9 @@ pub(super) async fn invoke_reply(
         Ok(value) => {
             // Redis answered.
             shared.refused.clear();
+            let took = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            shared.answered.fetch_add(1, Ordering::Relaxed);
+            shared.answered_nanos.fetch_add(took, Ordering::Relaxed);
             read_reply(value)
         }
         Err(e) => Err(shared.failed(e)),

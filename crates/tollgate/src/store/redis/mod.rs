@@ -172,6 +172,11 @@ use warm::Warming;
 pub struct RedisStoreStats {
     /// Script calls sent to Redis.
     pub calls: u64,
+    /// Script calls Redis answered (with their results).
+    pub answered: u64,
+    /// The round trips of those answered calls, summed, in nanoseconds: from sending a
+    /// call (the script's arguments built) to its answer read.
+    pub answered_nanos: u64,
     /// Calls that failed (error or no answer).
     pub errors: u64,
     /// Of those, calls that missed their deadline.
@@ -206,6 +211,9 @@ struct Shared {
     scripts: Scripts,
     slack_ms: u64,
     calls: AtomicU64,
+    /// Calls answered, and their round trips summed in ns ([`RedisStoreStats`]).
+    answered: AtomicU64,
+    answered_nanos: AtomicU64,
     /// Fed once per script call (a batch of 128 failing together is one failure) and
     /// once per request that misses its deadline.
     breaker: Breaker,
@@ -292,6 +300,8 @@ impl RedisStore {
     pub fn stats(&self) -> RedisStoreStats {
         RedisStoreStats {
             calls: self.shared.calls.load(Ordering::Relaxed),
+            answered: self.shared.answered.load(Ordering::Relaxed),
+            answered_nanos: self.shared.answered_nanos.load(Ordering::Relaxed),
             errors: self.shared.errors.load(Ordering::Relaxed),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             circuit_open: self.refused.load(Ordering::Relaxed),
