@@ -221,6 +221,20 @@ fn fails(args: &[&str]) -> String {
     stderr
 }
 
+/// [`fails`] for a domain, a descriptor, a pattern and a duration.
+fn simulate_fails(domain: &str, descriptor: &str, pattern: &str, duration: &str) -> String {
+    fails(&[
+        "--domain",
+        domain,
+        "--descriptor",
+        descriptor,
+        "--pattern",
+        pattern,
+        "--duration",
+        duration,
+    ])
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     let base = [
@@ -268,90 +282,27 @@ fn bad_input_is_one_clear_line() {
         "steady:5",
     ]);
     assert!(e.contains("--duration") && e.contains("required"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "user=a",
-        "--pattern",
-        "steady:5",
-        "--duration",
-        "5y",
-    ]);
+    let e = simulate_fails("api", "user=a", "steady:5", "5y");
     assert!(e.contains("`5y` is not a duration"), "{e}");
     let e = fails(&with(
         &base[..4],
         &["--pattern", "steady:0.001", "--duration", "4000d"],
     ));
     assert!(e.contains("`4000d` is longer than 3650d"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "shop",
-        "--descriptor",
-        "user=a",
-        "--pattern",
-        "steady:5",
-        "--duration",
-        "5s",
-    ]);
+    let e = simulate_fails("shop", "user=a", "steady:5", "5s");
     assert!(e.contains("no domain `shop`"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "team=a",
-        "--pattern",
-        "steady:5",
-        "--duration",
-        "5s",
-    ]);
+    let e = simulate_fails("api", "team=a", "steady:5", "5s");
     assert!(
         e.contains("`team=a`") && e.contains("no rule matches"),
         "{e}"
     );
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "health=x",
-        "--pattern",
-        "steady:5",
-        "--duration",
-        "5s",
-    ]);
+    let e = simulate_fails("api", "health=x", "steady:5", "5s");
     assert!(e.contains("no limit"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "user",
-        "--pattern",
-        "steady:5",
-        "--duration",
-        "5s",
-    ]);
+    let e = simulate_fails("api", "user", "steady:5", "5s");
     assert!(e.contains("expected key=value"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "user=a",
-        "--pattern",
-        "steady:1000000",
-        "--duration",
-        "1h",
-    ]);
+    let e = simulate_fails("api", "user=a", "steady:1000000", "1h");
     assert!(e.contains("more than 10000000 requests"), "{e}");
-    let e = fails(&[
-        "--domain",
-        "api",
-        "--descriptor",
-        "user=a",
-        "--pattern",
-        "boundary:20",
-        "--duration",
-        "1s",
-    ]);
+    let e = simulate_fails("api", "user=a", "boundary:20", "1s");
     assert!(e.contains("window turn"), "{e}");
     let missing = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .env_remove("TOLLGATE_LOG")
