@@ -437,3 +437,17 @@ async fn store_health_shows_redis_and_its_circuit() {
     assert!(dom.contains("id=\"circuit\""), "{dom}");
     assert!(dom.contains(">open<"), "{dom}");
 }
+
+/// An admin token may hold `&` and `%`: the page takes everything after `#token=`, as
+/// written or percent-encoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_with_ampersand_and_percent_opens_the_page() {
+    let dir = tempdir("dashboard-odd-token");
+    std::fs::write(dir.join("api.yaml"), RULES).unwrap();
+    let token = "a&b%zz=1";
+    let server = Server::start(&dir, &["--admin-token", token]).await;
+    for (fragment, name) in [(token, "odd-raw"), ("a%26b%25zz%3D1", "odd-encoded")] {
+        let dom = dump_dom(format!("{}/dashboard#token={fragment}", server.http), name).await;
+        assert!(dom.contains(">live<"), "{fragment}: {dom}");
+    }
+}

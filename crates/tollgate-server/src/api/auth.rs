@@ -147,7 +147,7 @@ impl AdminAccess {
         if self.token.is_none() && !addr.ip().to_canonical().is_loopback() {
             warn!(
                 %addr,
-                "the admin endpoints (POST /reload, /rules) answer anyone who reaches {addr}, \
+                "the admin endpoints (POST /reload, /rules, /v1/stats with clients' keys) answer anyone who reaches {addr}, \
                  and the emergency switch (POST /v1/enforcement) is off: set --admin-token or \
                  --admin-token-file, or serve them on a loopback or private --admin-listen"
             );

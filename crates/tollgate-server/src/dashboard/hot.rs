@@ -27,8 +27,12 @@ impl HotKeys {
 
     /// Counts `hits` for the descriptor of `entries`. Writes at most a few bytes past
     /// [`MAX_KEY_BYTES`] (the sketch then marks the key truncated), whatever the
-    /// entries' length.
+    /// entries' length. A decision never waits for the sketch: while another thread
+    /// holds it, this offer is skipped (the sketch samples, it does not count exactly).
     pub(crate) fn offer(&self, entries: &[(String, String)], hits: u64) {
+        if hits == 0 {
+            return;
+        }
         KEY.with(|key| {
             let Ok(mut key) = key.try_borrow_mut() else {
                 return;
@@ -42,7 +46,9 @@ impl HotKeys {
                 push_capped(&mut key, "=");
                 push_capped(&mut key, v);
             }
-            self.0.lock().offer(&key, hits);
+            if let Some(mut sketch) = self.0.try_lock() {
+                sketch.offer(&key, hits);
+            }
         });
     }
 

@@ -36,19 +36,22 @@ struct Row {
     shadow_mode: bool,
     counts: [u64; 5],
     rates: Vec<[f64; 5]>,
+    /// Its rates over the last tick (every rule that counts has them, with a history of
+    /// its own or not).
+    latest: [f64; 5],
     hot: Option<Vec<tollgate::sketch::HeavyHitter>>,
 }
 
 impl Row {
     fn now(&self) -> [f64; 5] {
-        self.rates.last().copied().unwrap_or_default()
+        self.latest
     }
 }
 
 /// The whole document.
 pub(crate) fn stats(service: &Service) -> Value {
     let metrics = &service.metrics;
-    let (points, rule_rates) = metrics.dashboard.history();
+    let (points, rule_rates, latest) = metrics.dashboard.history();
     let [decisions, nanos, store_failures, fallback_hits] = metrics.dashboard.totals();
     let rules = service.limiter.rules();
     let set = rules.current();
@@ -99,8 +102,12 @@ pub(crate) fn stats(service: &Service) -> Value {
         rows[i].hot = counted.hot;
     }
     for row in &mut rows {
-        if let Some(r) = rule_rates.get(&(row.domain.clone(), row.descriptor.clone())) {
+        let key = (row.domain.clone(), row.descriptor.clone());
+        if let Some(r) = rule_rates.get(&key) {
             row.rates.clone_from(r);
+        }
+        if let Some(r) = latest.get(&key) {
+            row.latest = *r;
         }
     }
     // The busiest now, then the busiest so far, then by name.

@@ -62,6 +62,13 @@ pub(crate) type RuleRates = VecDeque<[f64; 5]>;
 /// A rule's (domain, path).
 pub(crate) type RuleName = (String, String);
 
+/// [`Tally::history`]: the points, each rule's history, each rule's latest rates.
+pub(crate) type History3 = (
+    Vec<Point>,
+    HashMap<RuleName, Vec<[f64; 5]>>,
+    HashMap<RuleName, [f64; 5]>,
+);
+
 /// A sample: when, the service's [`Tally::totals`], each rule's counts, and Redis's
 /// answered calls and their summed round trips (ns).
 type Sample = (Instant, [u64; 4], HashMap<RuleName, [u64; 5]>, [u64; 2]);
@@ -72,6 +79,8 @@ struct History {
     last: Option<Sample>,
     points: VecDeque<Point>,
     rules: HashMap<RuleName, RuleRates>,
+    /// Every rule's rates over the last tick, those without a history of their own too.
+    latest: HashMap<RuleName, [f64; 5]>,
 }
 
 /// The dashboard's counters and history (one per [`Metrics`](crate::metrics::Metrics)).
@@ -148,9 +157,11 @@ impl Tally {
             },
             ..Point::default()
         };
+        h.latest.clear();
         for (rule, now_counts) in &counts {
             let then_counts = before_rules.get(rule).copied().unwrap_or_default();
             let r: [f64; 5] = std::array::from_fn(|i| rate(now_counts[i], then_counts[i]));
+            h.latest.insert(rule.clone(), r);
             point.hits += r[0];
             point.over_limit += r[1];
             point.near_limit += r[2];
@@ -171,8 +182,9 @@ impl Tally {
         h.last = Some((now, totals, counts, redis));
     }
 
-    /// The service's points, oldest first, and each rule's rates.
-    pub(crate) fn history(&self) -> (Vec<Point>, HashMap<RuleName, Vec<[f64; 5]>>) {
+    /// The service's points, oldest first, each rule's rates (for the rules that keep a
+    /// history), and every rule's rates over the last tick.
+    pub(crate) fn history(&self) -> History3 {
         let h = self.history.lock();
         (
             h.points.iter().copied().collect(),
@@ -180,6 +192,7 @@ impl Tally {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.iter().copied().collect()))
                 .collect(),
+            h.latest.clone(),
         )
     }
 }
@@ -234,7 +247,11 @@ mod tests {
             &[rule(20, 4)],
             [108, 1_200_000],
         );
-        let (points, rules) = tally.history();
+        let (points, rules, latest) = tally.history();
+        assert_eq!(
+            latest[&("d".into(), "k".into())],
+            [10.0, 2.0, 0.0, 8.0, 0.0]
+        );
         assert_eq!(points.len(), 1);
         let p = points[0];
         assert_eq!(

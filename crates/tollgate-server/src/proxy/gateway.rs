@@ -212,10 +212,13 @@ async fn serve(args: ProxyArgs) -> ExitCode {
         Arc::clone(&service),
         stop_rx.clone(),
     ));
-    let ticker = tokio::spawn(crate::dashboard::tick(
-        Arc::clone(&service),
-        stop_rx.clone(),
-    ));
+    // The dashboard's history, only kept when someone can read it (as the metrics).
+    let ticker = args.admin_listen.is_some().then(|| {
+        tokio::spawn(crate::dashboard::tick(
+            Arc::clone(&service),
+            stop_rx.clone(),
+        ))
+    });
     let maintainer = crate::store::Maintainer::start(service.limiter.store());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(addr) = admin_addr {
@@ -254,7 +257,9 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     sweeper.abort();
     switch.abort();
-    ticker.abort();
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
     let mut tasks = vec![acceptor];
     tasks.extend(admin.into_iter().flatten());
     let code = workers::drain(args.common.drain_timeout, tasks, done).await;
