@@ -48,7 +48,9 @@ pub struct HeavyHitter {
 /// A held key.
 #[derive(Debug)]
 struct Slot {
-    key: Box<str>,
+    /// Allocated once, with room for `max_key_bytes`: a key that takes the place of
+    /// another is copied into it, so a stream of new keys allocates nothing.
+    key: String,
     truncated: bool,
     hash: u64,
     count: u64,
@@ -140,8 +142,10 @@ impl SpaceSaving {
         }
         if self.slots.len() < self.capacity {
             let slot = self.slots.len() as u32;
+            let mut text = String::with_capacity(self.max_key_bytes);
+            text.push_str(key);
             self.slots.push(Slot {
-                key: key.into(),
+                key: text,
                 truncated,
                 hash,
                 count: weight,
@@ -163,7 +167,8 @@ impl SpaceSaving {
         }
         let s = &mut self.slots[slot as usize];
         let min = s.count;
-        s.key = key.into();
+        s.key.clear();
+        s.key.push_str(key);
         s.truncated = truncated;
         s.hash = hash;
         s.error = min;
