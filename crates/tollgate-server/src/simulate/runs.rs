@@ -38,6 +38,8 @@ pub struct Run {
     limiter: Limiter<MemoryStore>,
     clock: ManualClock,
     requests: Vec<RateLimitRequest>,
+    /// All keys share one counter (`share_threshold`): one window for them all.
+    shared: bool,
 }
 
 /// The rule-file name of a limit's algorithm, and its bucket size if it has one.
@@ -62,6 +64,7 @@ impl Run {
         unit: Unit,
         traffic: &Traffic,
         default: &str,
+        shared: bool,
         start: Nanos,
     ) -> Result<Self, SimulateError> {
         let bucket = matches!(algorithm, "token_bucket" | "gcra" | "leaky_bucket");
@@ -88,7 +91,12 @@ impl Run {
             .keys
             .iter()
             .map(|k| {
-                RateLimitRequest::new("simulate", [[("key", k.as_deref().unwrap_or(default))]])
+                let value = if shared {
+                    default
+                } else {
+                    k.as_deref().unwrap_or(default)
+                };
+                RateLimitRequest::new("simulate", [[("key", value)]])
             })
             .collect();
         Ok(Self::new(
@@ -97,7 +105,8 @@ impl Run {
             set,
             requests,
             start,
-        ))
+        )
+        .shared(shared))
     }
 
     /// The rule file itself: each request is the descriptor `entries` with its last
@@ -141,7 +150,15 @@ impl Run {
             limiter,
             clock,
             requests,
+            shared: false,
         }
+    }
+
+    /// Whether every key shares one counter, so that the window maximum counts them
+    /// together.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Feeds the traffic, the clock at `start` plus each request's time; measures
@@ -193,7 +210,8 @@ impl Run {
                 o.admitted += 1;
                 o.admitted_cost += u64::from(a.cost);
                 b.admitted += 1;
-                let held = window.admit(a.key as usize, a.at, u64::from(a.cost));
+                let key = if self.shared { 0 } else { a.key as usize };
+                let held = window.admit(key, a.at, u64::from(a.cost));
                 b.window_max = b.window_max.max(held);
             } else if let Some(s) = response.statuses.iter().find(|s| s.code == Code::OverLimit) {
                 o.retry_after
