@@ -185,22 +185,18 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
 
     // The runs, the exact reference first.
     let mut runs = Vec::new();
-    let exact = Run::generated(EXACT, rpu, unit, &traffic, default, shared, start)?;
+    let exact = Run::generated(EXACT, rpu, unit, default, shared, start)?;
     match args.algorithms {
         Algorithms::All => {
             for name in ALGORITHMS.iter().filter(|&&n| n != EXACT) {
-                runs.push(Run::generated(
-                    name, rpu, unit, &traffic, default, shared, start,
-                )?);
+                runs.push(Run::generated(name, rpu, unit, default, shared, start)?);
             }
         }
         Algorithms::Rule => {
             let (name, burst) = algorithm_of(&limit);
             let set = load(&[&args.config], LoadOptions::default())
                 .map_err(|e| SimulateError::Config(e.to_string()))?;
-            runs.push(
-                Run::rule(name, burst, set, &args.domain, &entries, &traffic, start).shared(shared),
-            );
+            runs.push(Run::rule(name, burst, set, &args.domain, &entries, start).shared(shared));
         }
     }
     let total = traffic.arrivals.len() as u64 * (runs.len() as u64 + 1);

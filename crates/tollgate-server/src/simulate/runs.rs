@@ -29,7 +29,8 @@ pub const ALGORITHMS: [&str; 6] = [
 /// The exact reference every run is compared with.
 pub const EXACT: &str = "sliding_log";
 
-/// A limiter ready to be fed: its name, its clock and one request per key.
+/// A limiter ready to be fed: its name, its clock and one request, whose last value
+/// each arrival sets to its key's (no copy of the keys per run).
 pub struct Run {
     /// The algorithm's name.
     pub name: String,
@@ -37,7 +38,9 @@ pub struct Run {
     pub burst: Option<u64>,
     limiter: Limiter<MemoryStore>,
     clock: ManualClock,
-    requests: Vec<RateLimitRequest>,
+    request: RateLimitRequest,
+    /// Whether each arrival sets the request's last value to its key's.
+    vary: bool,
     /// All keys share one counter (`share_threshold`): one window for them all.
     shared: bool,
 }
@@ -62,7 +65,6 @@ impl Run {
         algorithm: &str,
         requests_per_unit: u64,
         unit: Unit,
-        traffic: &Traffic,
         default: &str,
         shared: bool,
         start: Nanos,
@@ -87,26 +89,18 @@ impl Run {
                 .next()
                 .map_or_else(|| e.to_string(), |e| e.message.clone()),
         })?;
-        let requests = traffic
-            .keys
-            .iter()
-            .map(|k| {
-                let value = if shared {
-                    default
-                } else {
-                    k.as_deref().unwrap_or(default)
-                };
-                RateLimitRequest::new("simulate", [[("key", value)]])
-            })
-            .collect();
-        Ok(Self::new(
+        // On a shared counter every key is one: the request keeps `default`.
+        let request = RateLimitRequest::new("simulate", [[("key", default)]]);
+        let mut run = Self::new(
             algorithm.to_string(),
             bucket.then_some(requests_per_unit),
             set,
-            requests,
+            request,
             start,
         )
-        .shared(shared))
+        .shared(shared);
+        run.vary = !shared;
+        Ok(run)
     }
 
     /// The rule file itself: each request is the descriptor `entries` with its last
@@ -117,28 +111,17 @@ impl Run {
         set: RuleSet,
         domain: &str,
         entries: &[(String, String)],
-        traffic: &Traffic,
         start: Nanos,
     ) -> Self {
-        let requests = traffic
-            .keys
-            .iter()
-            .map(|k| {
-                let mut entries = entries.to_vec();
-                if let (Some(value), Some(last)) = (k, entries.last_mut()) {
-                    last.1 = value.clone();
-                }
-                RateLimitRequest::new(domain, [entries])
-            })
-            .collect();
-        Self::new(name.to_string(), burst, set, requests, start)
+        let request = RateLimitRequest::new(domain, [entries.to_vec()]);
+        Self::new(name.to_string(), burst, set, request, start)
     }
 
     fn new(
         name: String,
         burst: Option<u64>,
         set: RuleSet,
-        requests: Vec<RateLimitRequest>,
+        request: RateLimitRequest,
         start: Nanos,
     ) -> Self {
         let clock = ManualClock::new(start);
@@ -149,7 +132,8 @@ impl Run {
             burst,
             limiter,
             clock,
-            requests,
+            request,
+            vary: true,
             shared: false,
         }
     }
@@ -193,9 +177,19 @@ impl Run {
         tracing::info!(algorithm = %self.name, requests = traffic.arrivals.len(), "running");
         for (i, a) in traffic.arrivals.iter().enumerate() {
             self.clock.set(start + a.at);
-            let Some(request) = self.requests.get_mut(a.key as usize) else {
+            let Some(key) = traffic.keys.get(a.key as usize) else {
                 continue;
             };
+            let request = &mut self.request;
+            if let (true, Some(value)) = (self.vary, key) {
+                if let Some(last) = request
+                    .descriptors
+                    .first_mut()
+                    .and_then(|d| d.entries.last_mut())
+                {
+                    last.1.clone_from(value);
+                }
+            }
             request.hits_addend = u64::from(a.cost);
             let response = self
                 .limiter
