@@ -535,3 +535,15 @@ fn replay_keys_are_not_copied_per_algorithm() {
     assert!(ok);
     assert!(peak > 0 && peak < 200 * 1024, "peak {peak} KiB");
 }
+
+#[test]
+fn a_replay_without_duration_is_held_to_the_longest_duration() {
+    // 400,000,000 s is past the ten years --duration allows.
+    let (output, _) = mixed("long", "user=x", "0,alice\n400000000,alice\n");
+    let e = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{e}");
+    assert!(
+        e.contains("--duration: the replay runs") && e.contains("longer than 3650d"),
+        "{e}"
+    );
+}

@@ -160,6 +160,13 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         .ok_or_else(|| no_rule("no rule matches it"))?;
     let limit = limit_of(matched.rule)?;
     let traffic = pattern.traffic(duration, limit.unit.nanos(), args.seed)?;
+    if traffic.duration > MAX_DURATION {
+        return Err(SimulateError::Duration(format!(
+            "the replay runs {}s, longer than {}d: shorten it or give a shorter --duration",
+            traffic.duration / NANOS_PER_SEC,
+            MAX_DURATION / 86_400 / NANOS_PER_SEC
+        )));
+    }
     // A replay's values may match another rule than the descriptor's: the rule run is
     // the one they all match.
     let (rule, shared) = resolve(domain, &entries, &traffic)?;
