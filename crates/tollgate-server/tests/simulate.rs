@@ -386,3 +386,164 @@ fn the_report_page_shows_its_charts_in_a_browser() {
         assert!(dom.contains(words), "no `{words}` in the page");
     }
 }
+
+/// Runs `--algorithms rule` on simulate-mixed-rules.yaml against a replay made of
+/// `lines`; returns the output.
+fn mixed(name: &str, descriptor: &str, lines: &str) -> (Output, PathBuf) {
+    let out = tempdir(name);
+    let replay = out.join("replay.csv");
+    std::fs::write(&replay, lines).unwrap();
+    let rules = data("simulate-mixed-rules.yaml");
+    let pattern = format!("replay:{}", replay.display());
+    let output = tollgate(&[
+        "--config",
+        rules.to_str().unwrap(),
+        "--domain",
+        "api",
+        "--descriptor",
+        descriptor,
+        "--pattern",
+        &pattern,
+        "--out",
+        out.join("report").to_str().unwrap(),
+    ]);
+    (output, out.join("report/report.json"))
+}
+
+/// `rate` a second of each of `values`, for `secs` seconds.
+fn replay_lines(values: &[&str], rate: u32, secs: u32) -> String {
+    let mut text = String::new();
+    for i in 0..rate * secs {
+        for v in values {
+            text += &format!("{:.4},{v}\n", f64::from(i) / f64::from(rate));
+        }
+    }
+    text
+}
+
+#[test]
+fn replay_values_of_another_rule_are_run_and_measured_at_that_rule() {
+    // `vip` has a rule of its own (100/s): 50/s is within it, whatever `--descriptor`'s
+    // placeholder value matches.
+    let (output, json) = mixed("vip", "user=x", &replay_lines(&["vip"], 50, 3));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    assert_eq!(v["limit"]["requests_per_unit"], 100);
+    assert_eq!(n(&v, "fixed_window", "admitted"), 150.0);
+    assert_eq!(n(&v, "fixed_window", "wrong_vs_exact_percent"), 0.0);
+    assert_eq!(n(&v, "fixed_window", "max_in_any_window"), 50.0);
+}
+
+#[test]
+fn replay_values_meeting_different_rules_are_refused_naming_two() {
+    let (output, _) = mixed(
+        "two-rules",
+        "user=x",
+        &replay_lines(&["alice", "vip"], 5, 2),
+    );
+    let e = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    for words in [
+        "`alice` and `vip` match different rules",
+        "`alice` matches `user` (",
+        "`vip` matches `user=vip` (",
+        "one rule at a time",
+    ] {
+        assert!(e.contains(words), "{words}: {e}");
+    }
+}
+
+#[test]
+fn replay_values_sharing_one_counter_are_measured_together() {
+    // Two clients at 10/s each on one shared counter of 10/s: the rule admits 10 a
+    // second in all, as the exact log on that one counter does.
+    let (output, json) = mixed("shared", "client=x", &replay_lines(&["a", "b"], 10, 3));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    assert_eq!(v["limit"]["requests_per_unit"], 10);
+    assert_eq!(n(&v, "fixed_window", "offered"), 60.0);
+    assert_eq!(n(&v, "fixed_window", "admitted"), 30.0);
+    assert_eq!(n(&v, "fixed_window", "wrong_vs_exact_percent"), 0.0);
+    assert_eq!(n(&v, "fixed_window", "max_in_any_window"), 10.0);
+}
+
+/// The peak resident memory (`VmHWM`) of a process while it runs, in KiB, sampled until
+/// it exits; and whether it succeeded.
+#[cfg(target_os = "linux")]
+fn peak_kib(mut command: Command) -> (u64, bool) {
+    use std::process::Stdio;
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&status) {
+            let hwm = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+            peak = peak.max(hwm.unwrap_or(0));
+        }
+        if let Some(exit) = child.try_wait().unwrap() {
+            return (peak, exit.success());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn replay_keys_are_not_copied_per_algorithm() {
+    // 200,000 distinct values (5 MB): each run once held a request per key (~300 bytes
+    // each), six runs at once under `all`: 350 MB. Now each run builds its request
+    // from the key index as it plays.
+    let out = tempdir("keys");
+    let replay = out.join("keys.csv");
+    let mut text = String::new();
+    for i in 0..200_000 {
+        text += &format!("{}.{:03},user-number-{i}\n", i / 1000, i % 1000);
+    }
+    std::fs::write(&replay, text).unwrap();
+    let rules = data("simulate-rules.yaml");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command
+        .args(["simulate", "--config", rules.to_str().unwrap()])
+        .args([
+            "--domain",
+            "api",
+            "--descriptor",
+            "user=x",
+            "--algorithms",
+            "all",
+        ])
+        .arg(format!("--pattern=replay:{}", replay.display()))
+        .arg(format!("--out={}", out.join("report").display()))
+        .env_remove("TOLLGATE_LOG");
+    let (peak, ok) = peak_kib(command);
+    assert!(ok);
+    assert!(peak > 0 && peak < 200 * 1024, "peak {peak} KiB");
+}
+
+#[test]
+fn a_replay_without_duration_is_held_to_the_longest_duration() {
+    // 400,000,000 s is past the ten years --duration allows.
+    let (output, _) = mixed("long", "user=x", "0,alice\n400000000,alice\n");
+    let e = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{e}");
+    assert!(
+        e.contains("--duration: the replay runs") && e.contains("longer than 3650d"),
+        "{e}"
+    );
+}

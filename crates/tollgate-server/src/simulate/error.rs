@@ -78,6 +78,22 @@ pub enum SimulateError {
         /// No rule, or a rule without a limit.
         reason: String,
     },
+    /// The traffic's descriptors do not all match one rule: a run simulates one.
+    #[error(
+        "replay values `{first}` and `{other}` match different rules: `{first}` matches \
+         {first_rule}, `{other}` matches {other_rule}; simulate one rule at a time \
+         (filter the replay to the values of one rule)"
+    )]
+    MixedRules {
+        /// The first value of the traffic.
+        first: String,
+        /// The rule it matches (`key[=value]` and where).
+        first_rule: String,
+        /// A value matching another rule.
+        other: String,
+        /// That rule, or `no rule`.
+        other_rule: String,
+    },
     /// The matched limit cannot be run under an algorithm (the exact reference or one
     /// of `--algorithms all`).
     #[error("cannot run {requests_per_unit} per {unit} as {algorithm}: {reason}")]

@@ -357,6 +357,23 @@ fn retry_after(report: &Report) -> String {
     out
 }
 
+/// A count per bucket as a rate a second, each bucket divided by its real length (the
+/// last one may be cut short by the run's end).
+fn per_second(report: &Report, counts: impl Iterator<Item = u64>) -> Vec<f64> {
+    counts
+        .enumerate()
+        .map(|(i, n)| {
+            let from = i as u64 * report.bucket;
+            let len = report.bucket.min(report.duration.saturating_sub(from));
+            if len == 0 {
+                0.0
+            } else {
+                n as f64 * NANOS_PER_SEC as f64 / len as f64
+            }
+        })
+        .collect()
+}
+
 /// The page.
 pub fn page(report: &Report) -> String {
     let step = report.bucket as f64 / NANOS_PER_SEC as f64;
@@ -436,13 +453,13 @@ pub fn page(report: &Report) -> String {
         let offered = Series {
             name: "offered",
             color: OFFERED,
-            values: o.buckets.iter().map(|b| b.offered as f64 / step).collect(),
+            values: per_second(report, o.buckets.iter().map(|b| b.offered)),
             dashed: false,
         };
         let admitted = Series {
             name: &o.name,
             color: color(i),
-            values: o.buckets.iter().map(|b| b.admitted as f64 / step).collect(),
+            values: per_second(report, o.buckets.iter().map(|b| b.admitted)),
             dashed: false,
         };
         body.push_str(&line_chart(
@@ -553,5 +570,32 @@ mod tests {
         assert!(!page.contains("<x>") && !page.contains("<script"));
         assert!(page.matches("<svg").count() >= 4, "{page}");
         assert!(page.contains("2.00× the limit"));
+    }
+
+    #[test]
+    fn a_partial_last_second_is_divided_by_its_real_length() {
+        let report = Report {
+            pattern: "steady:10".into(),
+            requests_per_unit: 10,
+            unit: tollgate::rules::Unit::Second,
+            mode: "rule",
+            descriptor: "api user=a".into(),
+            duration: 3 * NANOS_PER_SEC / 2,
+            bucket: NANOS_PER_SEC,
+            keys: 1,
+            seed: 1,
+            outcomes: Vec::new(),
+        };
+        // 10 in the first second, 5 in the half second after it: 10 a second in both.
+        assert_eq!(per_second(&report, [10, 5].into_iter()), vec![10.0, 10.0]);
+        let report = Report {
+            duration: 5 * NANOS_PER_SEC,
+            bucket: 2 * NANOS_PER_SEC,
+            ..report
+        };
+        assert_eq!(
+            per_second(&report, [20, 20, 10].into_iter()),
+            vec![10.0, 10.0, 10.0]
+        );
     }
 }

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use tollgate::clock::{Nanos, NANOS_PER_SEC};
-use tollgate::rules::{load, LoadOptions};
+use tollgate::rules::{load, Domain, LoadOptions, Rule};
 
 pub use error::SimulateError;
 use pattern::{parse_duration, Pattern};
@@ -149,20 +149,30 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         domain: args.domain.clone(),
         reason: reason.to_string(),
     };
+    let limit_of = |rule: &Rule| match rule.limits.first() {
+        Some(limit) if !rule.unlimited => Ok(limit.clone()),
+        _ => Err(no_rule(
+            "its rule has no limit (unlimited or an allow-list entry)",
+        )),
+    };
     let matched = domain
         .find(&entries)
         .ok_or_else(|| no_rule("no rule matches it"))?;
-    let limit = match matched.rule.limits.first() {
-        Some(limit) if !matched.rule.unlimited => limit.clone(),
-        _ => {
-            return Err(no_rule(
-                "its rule has no limit (unlimited or an allow-list entry)",
-            ))
-        }
-    };
+    let limit = limit_of(matched.rule)?;
+    let traffic = pattern.traffic(duration, limit.unit.nanos(), args.seed)?;
+    if traffic.duration > MAX_DURATION {
+        return Err(SimulateError::Duration(format!(
+            "the replay runs {}s, longer than {}d: shorten it or give a shorter --duration",
+            traffic.duration / NANOS_PER_SEC,
+            MAX_DURATION / 86_400 / NANOS_PER_SEC
+        )));
+    }
+    // A replay's values may match another rule than the descriptor's: the rule run is
+    // the one they all match.
+    let (rule, shared) = resolve(domain, &entries, &traffic)?;
+    let limit = limit_of(rule)?;
     let (rpu, unit) = (limit.requests_per_unit, limit.unit);
     let unit_nanos = unit.nanos();
-    let traffic = pattern.traffic(duration, unit_nanos, args.seed)?;
     let start = start_of(unit.seconds());
     let bucket = traffic
         .duration
@@ -174,6 +184,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     tracing::info!(
         requests = traffic.arrivals.len(),
         keys = traffic.keys.len(),
+        shared,
         requests_per_unit = rpu,
         unit = unit.name(),
         "simulating"
@@ -181,26 +192,18 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
 
     // The runs, the exact reference first.
     let mut runs = Vec::new();
-    let exact = Run::generated(EXACT, rpu, unit, &traffic, default, start)?;
+    let exact = Run::generated(EXACT, rpu, unit, default, shared, start)?;
     match args.algorithms {
         Algorithms::All => {
             for name in ALGORITHMS.iter().filter(|&&n| n != EXACT) {
-                runs.push(Run::generated(name, rpu, unit, &traffic, default, start)?);
+                runs.push(Run::generated(name, rpu, unit, default, shared, start)?);
             }
         }
         Algorithms::Rule => {
             let (name, burst) = algorithm_of(&limit);
             let set = load(&[&args.config], LoadOptions::default())
                 .map_err(|e| SimulateError::Config(e.to_string()))?;
-            runs.push(Run::rule(
-                name,
-                burst,
-                set,
-                &args.domain,
-                &entries,
-                &traffic,
-                start,
-            ));
+            runs.push(Run::rule(name, burst, set, &args.domain, &entries, start).shared(shared));
         }
     }
     let total = traffic.arrivals.len() as u64 * (runs.len() as u64 + 1);
@@ -247,6 +250,57 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     };
     write(&args.out, &report)?;
     Ok(report)
+}
+
+/// `key` or `key=value`, and where the rule file has it.
+fn rule_name(rule: &Rule) -> String {
+    match &rule.value {
+        Some(v) => format!("`{}={v}` ({})", rule.key, rule.origin),
+        None => format!("`{}` ({})", rule.key, rule.origin),
+    }
+}
+
+/// Resolves each distinct descriptor of the traffic (`entries` with its last value
+/// replaced by each replay value) with the domain's matching: the rule they all match,
+/// and whether its values share one counter (`share_threshold` on the rule; one on an
+/// ancestor shares that level, whose value the replay does not vary). Refuses traffic
+/// whose values match different rules (or none), naming two of them.
+fn resolve<'a>(
+    domain: &'a Domain,
+    entries: &[(String, String)],
+    traffic: &pattern::Traffic,
+) -> Result<(&'a Rule, bool), SimulateError> {
+    let mut first: Option<(String, &Rule)> = None;
+    let mut descriptor = entries.to_vec();
+    for key in &traffic.keys {
+        if let (Some(value), Some(last)) = (key, descriptor.last_mut()) {
+            last.1.clone_from(value);
+        }
+        let value = descriptor.last().map_or("", |e| e.1.as_str());
+        let rule = domain.find(&descriptor).map(|m| m.rule);
+        match (&first, rule) {
+            (None, Some(rule)) => first = Some((value.to_string(), rule)),
+            (Some((_, a)), Some(b)) if std::ptr::eq(*a, b) => {}
+            (first, rule) => {
+                let (first, first_rule) = first.as_ref().map_or_else(
+                    || (value.to_string(), "no rule".to_string()),
+                    |(v, r)| (v.clone(), rule_name(r)),
+                );
+                return Err(SimulateError::MixedRules {
+                    first,
+                    first_rule,
+                    other: value.to_string(),
+                    other_rule: rule.map_or_else(|| "no rule".to_string(), rule_name),
+                });
+            }
+        }
+    }
+    let rule = first.map(|f| f.1).ok_or_else(|| SimulateError::NoRule {
+        descriptor: format!("{entries:?}"),
+        domain: domain.name.to_string(),
+        reason: "no traffic".into(),
+    })?;
+    Ok((rule, rule.share_threshold))
 }
 
 fn write(dir: &Path, report: &Report) -> Result<(), SimulateError> {

@@ -389,7 +389,23 @@ fn replay(file: &Path, duration: Option<Nanos>) -> Result<Traffic, SimulateError
             reason: format!("{size} bytes; at most {MAX_REPLAY_BYTES} are read"),
         });
     }
-    let mut reader = BufReader::new(handle);
+    read_replay(BufReader::new(handle), file, duration, MAX_REPLAY_BYTES)
+}
+
+/// [`replay`]'s reading, from any reader: fails once more than `max_bytes` have been
+/// read (every line counts, skipped or not), so a pipe or FIFO that never ends is
+/// bounded too.
+fn read_replay(
+    reader: impl BufRead,
+    file: &Path,
+    duration: Option<Nanos>,
+    max_bytes: u64,
+) -> Result<Traffic, SimulateError> {
+    let read_err = |source| SimulateError::ReplayRead {
+        file: file.to_path_buf(),
+        source,
+    };
+    let mut reader = reader.take(max_bytes + 1);
     let mut keys: Vec<Option<String>> = Vec::new();
     let mut index: HashMap<String, u32> = HashMap::new();
     let mut sink = Sink(Vec::new());
@@ -405,6 +421,12 @@ fn replay(file: &Path, duration: Option<Nanos>) -> Result<Traffic, SimulateError
             .map_err(read_err)?;
         if n == 0 {
             break;
+        }
+        if reader.limit() == 0 {
+            return Err(SimulateError::ReplayFile {
+                file: file.to_path_buf(),
+                reason: format!("more than {max_bytes} bytes; at most {max_bytes} are read"),
+            });
         }
         number += 1;
         let bad = |reason: String| SimulateError::ReplayLine {
@@ -659,6 +681,39 @@ mod tests {
         assert_eq!(t.duration, 3 * S);
         let cut = replay_text("cut.csv", "0,a\n5,a\n", Some(2 * S)).unwrap();
         assert_eq!(cut.arrivals.len(), 1);
+    }
+
+    #[test]
+    fn replay_bounds_what_it_reads_from_a_stream_that_never_ends() {
+        // Every line is past --duration, so skipped: the bound must still end it.
+        let endless = std::io::BufReader::new(std::io::repeat(b'\n').take(u64::MAX));
+        let lines = BufReader::new(b"5,a\n".as_slice().chain(endless));
+        let e = read_replay(lines, Path::new("/dev/stdin"), Some(S), 1000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/stdin: more than 1000 bytes"), "{e}");
+        let endless = (0..).flat_map(|_| b"5,a\n".iter().copied());
+        let lines = BufReader::new(IterRead(endless));
+        let e = read_replay(lines, Path::new("pipe"), Some(S), 1000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 1000 bytes"), "{e}");
+        // Exactly at the bound is read.
+        let t = read_replay(BufReader::new(b"0,a\n".as_slice()), Path::new("f"), None, 4);
+        assert_eq!(t.unwrap().arrivals.len(), 1);
+    }
+
+    struct IterRead<I>(I);
+
+    impl<I: Iterator<Item = u8>> Read for IterRead<I> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let mut n = 0;
+            for (slot, byte) in buf.iter_mut().zip(&mut self.0) {
+                *slot = byte;
+                n += 1;
+            }
+            Ok(n)
+        }
     }
 
     #[test]

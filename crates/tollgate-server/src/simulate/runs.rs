@@ -29,7 +29,8 @@ pub const ALGORITHMS: [&str; 6] = [
 /// The exact reference every run is compared with.
 pub const EXACT: &str = "sliding_log";
 
-/// A limiter ready to be fed: its name, its clock and one request per key.
+/// A limiter ready to be fed: its name, its clock and one request, whose last value
+/// each arrival sets to its key's (no copy of the keys per run).
 pub struct Run {
     /// The algorithm's name.
     pub name: String,
@@ -37,7 +38,11 @@ pub struct Run {
     pub burst: Option<u64>,
     limiter: Limiter<MemoryStore>,
     clock: ManualClock,
-    requests: Vec<RateLimitRequest>,
+    request: RateLimitRequest,
+    /// Whether each arrival sets the request's last value to its key's.
+    vary: bool,
+    /// All keys share one counter (`share_threshold`): one window for them all.
+    shared: bool,
 }
 
 /// The rule-file name of a limit's algorithm, and its bucket size if it has one.
@@ -60,8 +65,8 @@ impl Run {
         algorithm: &str,
         requests_per_unit: u64,
         unit: Unit,
-        traffic: &Traffic,
         default: &str,
+        shared: bool,
         start: Nanos,
     ) -> Result<Self, SimulateError> {
         let bucket = matches!(algorithm, "token_bucket" | "gcra" | "leaky_bucket");
@@ -84,20 +89,18 @@ impl Run {
                 .next()
                 .map_or_else(|| e.to_string(), |e| e.message.clone()),
         })?;
-        let requests = traffic
-            .keys
-            .iter()
-            .map(|k| {
-                RateLimitRequest::new("simulate", [[("key", k.as_deref().unwrap_or(default))]])
-            })
-            .collect();
-        Ok(Self::new(
+        // On a shared counter every key is one: the request keeps `default`.
+        let request = RateLimitRequest::new("simulate", [[("key", default)]]);
+        let mut run = Self::new(
             algorithm.to_string(),
             bucket.then_some(requests_per_unit),
             set,
-            requests,
+            request,
             start,
-        ))
+        )
+        .shared(shared);
+        run.vary = !shared;
+        Ok(run)
     }
 
     /// The rule file itself: each request is the descriptor `entries` with its last
@@ -108,28 +111,17 @@ impl Run {
         set: RuleSet,
         domain: &str,
         entries: &[(String, String)],
-        traffic: &Traffic,
         start: Nanos,
     ) -> Self {
-        let requests = traffic
-            .keys
-            .iter()
-            .map(|k| {
-                let mut entries = entries.to_vec();
-                if let (Some(value), Some(last)) = (k, entries.last_mut()) {
-                    last.1 = value.clone();
-                }
-                RateLimitRequest::new(domain, [entries])
-            })
-            .collect();
-        Self::new(name.to_string(), burst, set, requests, start)
+        let request = RateLimitRequest::new(domain, [entries.to_vec()]);
+        Self::new(name.to_string(), burst, set, request, start)
     }
 
     fn new(
         name: String,
         burst: Option<u64>,
         set: RuleSet,
-        requests: Vec<RateLimitRequest>,
+        request: RateLimitRequest,
         start: Nanos,
     ) -> Self {
         let clock = ManualClock::new(start);
@@ -140,8 +132,17 @@ impl Run {
             burst,
             limiter,
             clock,
-            requests,
+            request,
+            vary: true,
+            shared: false,
         }
+    }
+
+    /// Whether every key shares one counter, so that the window maximum counts them
+    /// together.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Feeds the traffic, the clock at `start` plus each request's time; measures
@@ -176,9 +177,19 @@ impl Run {
         tracing::info!(algorithm = %self.name, requests = traffic.arrivals.len(), "running");
         for (i, a) in traffic.arrivals.iter().enumerate() {
             self.clock.set(start + a.at);
-            let Some(request) = self.requests.get_mut(a.key as usize) else {
+            let Some(key) = traffic.keys.get(a.key as usize) else {
                 continue;
             };
+            let request = &mut self.request;
+            if let (true, Some(value)) = (self.vary, key) {
+                if let Some(last) = request
+                    .descriptors
+                    .first_mut()
+                    .and_then(|d| d.entries.last_mut())
+                {
+                    last.1.clone_from(value);
+                }
+            }
             request.hits_addend = u64::from(a.cost);
             let response = self
                 .limiter
@@ -193,7 +204,8 @@ impl Run {
                 o.admitted += 1;
                 o.admitted_cost += u64::from(a.cost);
                 b.admitted += 1;
-                let held = window.admit(a.key as usize, a.at, u64::from(a.cost));
+                let key = if self.shared { 0 } else { a.key as usize };
+                let held = window.admit(key, a.at, u64::from(a.cost));
                 b.window_max = b.window_max.max(held);
             } else if let Some(s) = response.statuses.iter().find(|s| s.code == Code::OverLimit) {
                 o.retry_after
