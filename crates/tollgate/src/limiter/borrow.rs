@@ -85,10 +85,10 @@ impl<S: Store> Limiter<S> {
         budget: Option<std::time::Duration>,
     ) -> Result<Borrowed, store::Error> {
         let n = checks.len();
-        // One budget for the whole request, however many calls it takes.
-        let deadline = budget.map(|b| (std::time::Instant::now() + b, b));
-        let left =
-            || deadline.map(|(at, _)| at.saturating_duration_since(std::time::Instant::now()));
+        // One budget for the whole request, however many calls it takes (one too far
+        // off to reckon is none: the store's own deadline).
+        let deadline = budget.and_then(|b| std::time::Instant::now().checked_add(b));
+        let left = || deadline.map(|at| at.saturating_duration_since(std::time::Instant::now()));
         let lenders: Vec<(usize, &Borrow)> = plan
             .runs
             .iter()
