@@ -33,4 +33,9 @@
 
 pub mod backoff;
 pub mod budget;
+pub mod layer;
+pub mod precheck;
 pub mod retry_after;
+
+pub use layer::{Error, Retry, RetryLayer, Retryable};
+pub use precheck::{Precheck, WhenExhausted};
