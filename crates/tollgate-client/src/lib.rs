@@ -12,6 +12,47 @@
 //!   total time, with a seedable generator for tests.
 //! - [`budget`]: a retry budget, as tower's: retries are at most a share of the
 //!   requests over a window, plus a minimum per second.
+//! - [`layer`]: [`RetryLayer`], a tower layer for HTTP clients that retries 429 and 503
+//!   after the server's hint (else with backoff), within the bounds and the budget, and
+//!   only requests that are safe to send twice (idempotent methods, or marked
+//!   [`Retryable`]).
+//! - [`precheck`]: [`Precheck`], an option of the layer that learns each policy from the
+//!   responses' `RateLimit-Policy` and `RateLimit` fields, per partition key, and holds
+//!   back a request the server would reject: it waits for the reset or fails fast.
+//!
+//! A client over any tower service of `http::Request<B>` with a `Clone` body (hyper-util's
+//! legacy `Client` with `Full<Bytes>`, say; here a stub):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use http::{Request, Response};
+//! use tollgate_client::backoff::Backoff;
+//! use tollgate_client::{Precheck, RetryLayer, WhenExhausted};
+//! use tower::{Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let http_client = tower::service_fn(|_req: Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+//! });
+//! // Wait up to 5 s for a policy's reset rather than send a request into a 429.
+//! let precheck = Arc::new(Precheck::new(WhenExhausted::Wait {
+//!     max: Duration::from_secs(5),
+//! }));
+//! let mut client = RetryLayer::new()
+//!     .backoff(Backoff::new(Duration::from_millis(100), Duration::from_secs(10)).max_retries(3))
+//!     .precheck(precheck)
+//!     .layer(http_client);
+//! let request = Request::get("http://api.example/items").body(String::new())?;
+//! let response = client.ready().await?.call(request).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The parts on their own:
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
