@@ -19,6 +19,11 @@
 //! - [`precheck`]: [`Precheck`], an option of the layer that learns each policy from the
 //!   responses' `RateLimit-Policy` and `RateLimit` fields, per partition key, and holds
 //!   back a request the server would reject: it waits for the reset or fails fast.
+//! - [`service`]: [`ServiceClient`], a client of `tollgate serve`'s `POST /v1/check`:
+//!   `check(domain, descriptors, hits)` gives a [`Decision`] (allowed, limit, remaining,
+//!   reset, retry-after, each descriptor's status), on a pooled connection, within a
+//!   per-call deadline, with the caller's [`FailurePolicy`] when the service cannot
+//!   answer.
 //!
 //! A client over any tower service of `http::Request<B>` with a `Clone` body (hyper-util's
 //! legacy `Client` with `Full<Bytes>`, say; here a stub):
@@ -77,6 +82,8 @@ pub mod budget;
 pub mod layer;
 pub mod precheck;
 pub mod retry_after;
+pub mod service;
 
 pub use layer::{Error, Retry, RetryLayer, Retryable};
 pub use precheck::{Precheck, WhenExhausted};
+pub use service::{Decision, Descriptor, FailurePolicy, ServiceClient};
