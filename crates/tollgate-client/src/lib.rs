@@ -23,7 +23,7 @@
 //!   `check(domain, descriptors, hits)` gives a [`Decision`] (allowed, limit, remaining,
 //!   reset, retry-after, each descriptor's status), on a pooled connection, within a
 //!   per-call deadline, with the caller's [`FailurePolicy`] when the service cannot
-//!   answer.
+//!   answer; with the `grpc` feature, over Envoy's gRPC API too.
 //!
 //! A client over any tower service of `http::Request<B>` with a `Clone` body (hyper-util's
 //! legacy `Client` with `Full<Bytes>`, say; here a stub):

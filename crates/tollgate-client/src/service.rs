@@ -1,6 +1,8 @@
 //! [`ServiceClient`]: asks `tollgate serve` for a decision over its `POST /v1/check`
 //! API, on a pooled HTTP connection, within a per-call deadline, and with the caller's
-//! [`FailurePolicy`] when the service cannot answer.
+//! [`FailurePolicy`] when the service cannot answer. With the `grpc` feature,
+//! `ServiceClient::grpc` asks over Envoy's gRPC API (`ShouldRateLimit`, tonic) instead,
+//! with the same [`Decision`]s.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -35,10 +37,11 @@
 //! pass them in one `check`.
 //!
 //! **When the service cannot answer** (no connection, the deadline passed, a 5xx such
-//! as the 503 of a service without rules), `check` answers from the
+//! as the 503 of a service without rules; over gRPC, a status such as `UNAVAILABLE` or
+//! the `UNKNOWN` of a service without rules), `check` answers from the
 //! [`FailurePolicy`]: `Open` allows, `Closed` refuses, and the decision's
 //! [`origin`](Decision::origin) says so and keeps the error. A request the service
-//! refuses as malformed (400, 413) is the caller's mistake and is returned as an
+//! refuses as malformed (400, 413; gRPC `INVALID_ARGUMENT`) is the caller's mistake and is returned as an
 //! [`Error`], whatever the policy.
 
 use std::sync::Arc;
@@ -51,6 +54,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
+
+#[cfg(feature = "grpc")]
+mod grpc;
 
 /// A descriptor: entries (key, value) in order. A key may repeat.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -239,6 +245,26 @@ pub enum Error {
         /// The body, as text (it says what is wrong).
         body: String,
     },
+    /// The gRPC address is not a valid URI.
+    #[cfg(feature = "grpc")]
+    #[error("invalid gRPC address {addr:?}")]
+    InvalidGrpcAddress {
+        /// The address given.
+        addr: String,
+        /// Why it is invalid.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The gRPC call failed: unavailable (no connection, `UNAVAILABLE`, `UNKNOWN` as
+    /// while the service has no rules, …) or refused (`INVALID_ARGUMENT`).
+    #[cfg(feature = "grpc")]
+    #[error("the rate limit service's gRPC call failed")]
+    Grpc(#[source] tonic::Status),
+    /// `hits` the gRPC API cannot carry: 0 (which it reads as 1) or more than
+    /// `u32::MAX`.
+    #[cfg(feature = "grpc")]
+    #[error("hits must be from 1 to 4294967295 over gRPC, not {0}")]
+    Hits(u64),
     /// The answer is not the JSON the API sends.
     #[error("the rate limit service's answer is not a decision: {0}")]
     Decode(String),
@@ -247,6 +273,20 @@ pub enum Error {
 impl Error {
     /// Whether the service could not answer, so that the failure policy applies.
     pub fn is_unavailable(&self) -> bool {
+        #[cfg(feature = "grpc")]
+        if let Error::Grpc(status) = self {
+            use tonic::Code;
+            return !matches!(
+                status.code(),
+                Code::InvalidArgument
+                    | Code::OutOfRange
+                    | Code::Unimplemented
+                    | Code::PermissionDenied
+                    | Code::Unauthenticated
+                    | Code::NotFound
+                    | Code::FailedPrecondition
+            );
+        }
         matches!(
             self,
             Error::Unreachable(_) | Error::Body(_) | Error::Deadline(_) | Error::Unavailable { .. }
@@ -258,10 +298,28 @@ impl Error {
 /// connection pool.
 #[derive(Debug, Clone)]
 pub struct ServiceClient {
-    http: Client<HttpConnector, Full<Bytes>>,
-    uri: Uri,
+    transport: Transport,
     deadline: Duration,
     policy: FailurePolicy,
+}
+
+/// How the client reaches the service.
+#[derive(Debug, Clone)]
+// One per client; boxing would add an indirection to every call for a few bytes saved.
+#[allow(clippy::large_enum_variant)]
+enum Transport {
+    /// `POST /v1/check` at `uri`.
+    Http {
+        http: Client<HttpConnector, Full<Bytes>>,
+        uri: Uri,
+    },
+    /// Envoy's `ShouldRateLimit`.
+    #[cfg(feature = "grpc")]
+    Grpc(
+        envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+            tonic::transport::Channel,
+        >,
+    ),
 }
 
 impl ServiceClient {
@@ -293,8 +351,21 @@ impl ServiceClient {
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
         Ok(ServiceClient {
-            http,
-            uri,
+            transport: Transport::Http { http, uri },
+            deadline: Self::DEFAULT_DEADLINE,
+            policy: FailurePolicy::Open,
+        })
+    }
+
+    /// A client of the service's gRPC listener at `addr` (`host:port` or
+    /// `http://host:port`), over Envoy's API (`ShouldRateLimit`) on one HTTP/2
+    /// connection, opened on the first check (and again after it breaks). Envoy's API
+    /// gives no retry-after per descriptor: a refused decision's `retry_after` is then
+    /// the time until the binding window resets.
+    #[cfg(feature = "grpc")]
+    pub fn grpc(addr: &str) -> Result<Self, Error> {
+        Ok(ServiceClient {
+            transport: Transport::Grpc(grpc::channel(addr)?),
             deadline: Self::DEFAULT_DEADLINE,
             policy: FailurePolicy::Open,
         })
@@ -324,7 +395,19 @@ impl ServiceClient {
         descriptors: &[Descriptor],
         hits: u64,
     ) -> Result<Decision, Error> {
-        match self.ask(domain, descriptors, hits).await {
+        let call = async {
+            match &self.transport {
+                Transport::Http { http, uri } => ask(http, uri, domain, descriptors, hits).await,
+                #[cfg(feature = "grpc")]
+                Transport::Grpc(client) => {
+                    grpc::ask(client.clone(), domain, descriptors, hits).await
+                }
+            }
+        };
+        let answer = tokio::time::timeout(self.deadline, call)
+            .await
+            .unwrap_or(Err(Error::Deadline(self.deadline)));
+        match answer {
             Err(e) if e.is_unavailable() => {
                 tracing::debug!(error = %e, policy = ?self.policy, "rate limit service unavailable");
                 Ok(Decision::by_policy(self.policy, e))
@@ -332,14 +415,17 @@ impl ServiceClient {
             other => other,
         }
     }
+}
 
-    /// One call, without the policy.
-    async fn ask(
-        &self,
-        domain: &str,
-        descriptors: &[Descriptor],
-        hits: u64,
-    ) -> Result<Decision, Error> {
+/// One `POST /v1/check`, without deadline or policy.
+async fn ask(
+    http: &Client<HttpConnector, Full<Bytes>>,
+    uri: &Uri,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits: u64,
+) -> Result<Decision, Error> {
+    {
         let body = json!({
             "domain": domain,
             "descriptors": descriptors.iter().map(|d| &d.entries).collect::<Vec<_>>(),
@@ -347,16 +433,12 @@ impl ServiceClient {
         });
         let request = Request::builder()
             .method(Method::POST)
-            .uri(self.uri.clone())
+            .uri(uri.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.to_string())))
             .map_err(Error::Request)?;
         let call = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(Error::Unreachable)?;
+            let response = http.request(request).await.map_err(Error::Unreachable)?;
             let status = response.status();
             let bytes = response
                 .into_body()
@@ -366,9 +448,7 @@ impl ServiceClient {
                 .to_bytes();
             Ok::<_, Error>((status, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(self.deadline, call)
-            .await
-            .map_err(|_| Error::Deadline(self.deadline))??;
+        let (status, bytes) = call.await?;
         let text = || String::from_utf8_lossy(&bytes).into_owned();
         if status.is_server_error() {
             return Err(Error::Unavailable {
@@ -424,10 +504,15 @@ mod tests {
 
     #[test]
     fn urls() {
+        let uri = |c: ServiceClient| match c.transport {
+            Transport::Http { uri, .. } => uri,
+            #[cfg(feature = "grpc")]
+            Transport::Grpc(_) => unreachable!(),
+        };
         let c = ServiceClient::new("http://127.0.0.1:8080").unwrap();
-        assert_eq!(c.uri, "http://127.0.0.1:8080/v1/check");
+        assert_eq!(uri(c), "http://127.0.0.1:8080/v1/check");
         let c = ServiceClient::new("http://rl.internal/base/").unwrap();
-        assert_eq!(c.uri, "http://rl.internal/base/v1/check");
+        assert_eq!(uri(c), "http://rl.internal/base/v1/check");
         assert!(ServiceClient::new("https://rl.internal").is_err());
         assert!(ServiceClient::new("127.0.0.1:8080").is_err());
         assert!(ServiceClient::new("http://").is_err());

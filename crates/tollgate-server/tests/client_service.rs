@@ -1,7 +1,7 @@
-//! `tollgate-client`'s `ServiceClient` against the real `tollgate serve` over
-//! `POST /v1/check`: allowed then refused with the limit, remaining and retry-after
-//! right; a service that is down or stalled answered by each failure policy, within
-//! about the deadline.
+//! `tollgate-client`'s `ServiceClient` against the real `tollgate serve`, over
+//! `POST /v1/check` and over Envoy's gRPC API: allowed then refused with the limit,
+//! remaining and retry-after right; a service that is down or stalled answered by each
+//! failure policy, within about the deadline.
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
@@ -22,13 +22,70 @@ fn alice() -> Descriptor {
     Descriptor::new().entry("user", "alice")
 }
 
-#[tokio::test]
-async fn allowed_then_refused() {
-    let dir = tempdir("client-service");
+async fn serve(name: &str) -> Server {
+    let dir = tempdir(name);
     std::fs::write(dir.join("svc.yaml"), RULES).unwrap();
-    let server = Server::start(&dir, &[]).await;
-    let client = ServiceClient::new(&server.http)
+    Server::start(&dir, &[]).await
+}
+
+#[tokio::test]
+async fn allowed_then_refused_http() {
+    let server = serve("client-service-http").await;
+    let client = ServiceClient::new(&server.http).unwrap();
+    allowed_then_refused(client).await;
+}
+
+#[tokio::test]
+async fn allowed_then_refused_grpc() {
+    let server = serve("client-service-grpc").await;
+    let client = ServiceClient::grpc(&server.grpc).unwrap();
+    allowed_then_refused(client).await;
+}
+
+/// No rules loaded: the service answers 503 (HTTP) or `UNKNOWN` (gRPC), and the
+/// policy decides.
+#[tokio::test]
+async fn no_rules_each_policy() {
+    let dir = tempdir("client-service-no-rules");
+    std::fs::write(dir.join("svc.yaml"), "domain: [not valid").unwrap();
+    let server = Server::start_probed(&dir, &[], |_| async { true }).await;
+    // The listeners accept once the server has started.
+    let probe = ServiceClient::new(&server.http)
         .unwrap()
+        .deadline(Duration::from_secs(5));
+    for _ in 0..100 {
+        let d = probe.check("svc", &[alice()], 1).await.unwrap();
+        if let Origin::Policy(cause) = &d.origin {
+            if !matches!(**cause, tollgate_client::service::Error::Unreachable(_)) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
+        for client in [
+            ServiceClient::new(&server.http).unwrap(),
+            ServiceClient::grpc(&server.grpc).unwrap(),
+        ] {
+            let client = client
+                .deadline(Duration::from_secs(5))
+                .failure_policy(policy);
+            let d = client.check("svc", &[alice()], 1).await.unwrap();
+            assert_eq!(d.allowed, allowed, "{d:?}");
+            let Origin::Policy(cause) = &d.origin else {
+                panic!("{d:?}")
+            };
+            let text = format!("{cause:?}");
+            assert!(
+                text.contains("no rate limit configuration loaded"),
+                "{text}"
+            );
+        }
+    }
+}
+
+async fn allowed_then_refused(client: ServiceClient) {
+    let client = client
         .deadline(Duration::from_secs(5))
         .failure_policy(FailurePolicy::Open);
 
@@ -68,25 +125,40 @@ async fn allowed_then_refused() {
     assert!(!err.is_unavailable(), "{err:?}");
 }
 
+/// The HTTP and the gRPC client of `addr`.
+fn both(addr: &str) -> [ServiceClient; 2] {
+    [
+        ServiceClient::new(&format!("http://{addr}")).unwrap(),
+        ServiceClient::grpc(addr).unwrap(),
+    ]
+}
+
+fn unreachable(cause: &tollgate_client::service::Error) -> bool {
+    use tollgate_client::service::Error;
+    match cause {
+        Error::Unreachable(_) => true,
+        Error::Grpc(status) => status.code() == tonic::Code::Unavailable,
+        _ => false,
+    }
+}
+
 #[tokio::test]
 async fn service_down_each_policy() {
     // Nobody listens on this port.
-    let url = format!("http://127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{}", free_port());
     for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
-        let client = ServiceClient::new(&url)
-            .unwrap()
-            .deadline(Duration::from_secs(5))
-            .failure_policy(policy);
-        let d = client.check("svc", &[alice()], 1).await.unwrap();
-        assert_eq!(d.allowed, allowed, "{policy:?}");
-        assert!(d.statuses.is_empty() && d.limit.is_none());
-        let Origin::Policy(cause) = &d.origin else {
-            panic!("{d:?}")
-        };
-        assert!(
-            matches!(**cause, tollgate_client::service::Error::Unreachable(_)),
-            "{cause:?}"
-        );
+        for client in both(&addr) {
+            let client = client
+                .deadline(Duration::from_secs(5))
+                .failure_policy(policy);
+            let d = client.check("svc", &[alice()], 1).await.unwrap();
+            assert_eq!(d.allowed, allowed, "{policy:?}");
+            assert!(d.statuses.is_empty() && d.limit.is_none());
+            let Origin::Policy(cause) = &d.origin else {
+                panic!("{d:?}")
+            };
+            assert!(unreachable(cause), "{cause:?}");
+        }
     }
 }
 
@@ -103,23 +175,22 @@ async fn stalled_service_deadline() {
     });
     let deadline = Duration::from_millis(300);
     for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
-        let client = ServiceClient::new(&format!("http://{addr}"))
-            .unwrap()
-            .deadline(deadline)
-            .failure_policy(policy);
-        let start = Instant::now();
-        let d = client.check("svc", &[alice()], 1).await.unwrap();
-        let took = start.elapsed();
-        assert_eq!(d.allowed, allowed, "{policy:?}");
-        assert!(took >= deadline, "{took:?}");
-        assert!(took < deadline + Duration::from_millis(500), "{took:?}");
-        let Origin::Policy(cause) = &d.origin else {
-            panic!("{d:?}")
-        };
-        assert!(
-            matches!(**cause, tollgate_client::service::Error::Deadline(_)),
-            "{cause:?}"
-        );
+        for client in both(&addr.to_string()) {
+            let client = client.deadline(deadline).failure_policy(policy);
+            let start = Instant::now();
+            let d = client.check("svc", &[alice()], 1).await.unwrap();
+            let took = start.elapsed();
+            assert_eq!(d.allowed, allowed, "{policy:?}");
+            assert!(took >= deadline, "{took:?}");
+            assert!(took < deadline + Duration::from_millis(500), "{took:?}");
+            let Origin::Policy(cause) = &d.origin else {
+                panic!("{d:?}")
+            };
+            assert!(
+                matches!(**cause, tollgate_client::service::Error::Deadline(_)),
+                "{cause:?}"
+            );
+        }
     }
     held.abort();
 }
