@@ -425,45 +425,39 @@ async fn ask(
     descriptors: &[Descriptor],
     hits: u64,
 ) -> Result<Decision, Error> {
-    {
-        let body = json!({
-            "domain": domain,
-            "descriptors": descriptors.iter().map(|d| &d.entries).collect::<Vec<_>>(),
-            "hits": hits,
+    let body = json!({
+        "domain": domain,
+        "descriptors": descriptors.iter().map(|d| &d.entries).collect::<Vec<_>>(),
+        "hits": hits,
+    });
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(uri.clone())
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(Error::Request)?;
+    let response = http.request(request).await.map_err(Error::Unreachable)?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(Error::Body)?
+        .to_bytes();
+    let text = || String::from_utf8_lossy(&bytes).into_owned();
+    if status.is_server_error() {
+        return Err(Error::Unavailable {
+            status,
+            body: text(),
         });
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(uri.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(Error::Request)?;
-        let call = async {
-            let response = http.request(request).await.map_err(Error::Unreachable)?;
-            let status = response.status();
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(Error::Body)?
-                .to_bytes();
-            Ok::<_, Error>((status, bytes))
-        };
-        let (status, bytes) = call.await?;
-        let text = || String::from_utf8_lossy(&bytes).into_owned();
-        if status.is_server_error() {
-            return Err(Error::Unavailable {
-                status,
-                body: text(),
-            });
-        }
-        if status != StatusCode::OK && status != StatusCode::TOO_MANY_REQUESTS {
-            return Err(Error::Refused {
-                status,
-                body: text(),
-            });
-        }
-        decode(&bytes)
     }
+    if status != StatusCode::OK && status != StatusCode::TOO_MANY_REQUESTS {
+        return Err(Error::Refused {
+            status,
+            body: text(),
+        });
+    }
+    decode(&bytes)
 }
 
 /// The decision in a 200 or 429 body.
