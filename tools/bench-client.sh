@@ -38,6 +38,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck disable=SC2034 # read by lib.sh's die()
 bench_name=bench-client
 # shellcheck source=tools/lib.sh
 source "$root/tools/lib.sh"
