@@ -51,7 +51,19 @@ async fn gateway(name: &str) -> Proxy {
     let (_up, addr) = start_upstream().await;
     let dir = tempdir(name);
     std::fs::write(dir.join("client.yaml"), RULES).unwrap();
-    Proxy::start(&dir, &format!("http://{addr}"), &[]).await
+    let proxy = Proxy::start(&dir, &format!("http://{addr}"), &[]).await;
+    // Accepting connections is not yet answering them: wait for an answer through to
+    // the upstream on a path no rule limits, so the tests' first request counts.
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let answered = client.get(format!("{}/ready", proxy.url)).send().await;
+        if answered.is_ok_and(|r| r.status().is_success()) {
+            return proxy;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the gateway never answered through to its upstream");
 }
 
 /// A hyper client that records each exchange in the returned log.
