@@ -6,12 +6,15 @@
 
 #![allow(clippy::unwrap_used)] // a test may panic on a broken fixture
 
+#[path = "support/queueing.rs"]
+mod queueing;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use queueing::queueing_app;
 use tollgate::adaptive::ManualCpu;
 use tollgate::http::RateLimitLayer;
 use tollgate::limiter::Limiter;
@@ -43,23 +46,6 @@ fn layer(file: PathBuf) -> RateLimitLayer {
     RateLimitLayer::new(Arc::new(Limiter::new(Arc::new(rules), MemoryStore::new())))
 }
 
-/// A handler with `workers` workers, each answer taking 10 ms of one: past `workers` in
-/// flight, requests queue and their latency grows.
-fn slow_app(workers: usize) -> axum::Router {
-    let pool = Arc::new(Semaphore::new(workers));
-    axum::Router::new().route(
-        "/api/work",
-        axum::routing::get(move || {
-            let pool = Arc::clone(&pool);
-            async move {
-                let _worker = pool.acquire().await.unwrap();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                "done"
-            }
-        }),
-    )
-}
-
 const ADAPTIVE: &str = "domain: edge
 descriptors: []
 http:
@@ -72,7 +58,7 @@ http:
 async fn a_queueing_handler_is_shed_with_503_and_retry_after_then_recovers() {
     let layer = layer(rules_file("adaptive", ADAPTIVE));
     let shedding = layer.shedding();
-    let addr = serve(slow_app(4).layer(layer)).await;
+    let addr = serve(queueing_app(4, &["/api/work"]).layer(layer)).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/api/work");
     // The minimum RTT (about 10 ms) is measured one request at a time.

@@ -42,64 +42,73 @@ pub(super) struct SheddingMetrics {
 
 impl SheddingMetrics {
     pub(super) fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            limit: Family::default(),
-            in_flight: Family::default(),
-            rtt: Family::default(),
-            min_rtt: Family::default(),
-            shed: Family::default(),
-            system_in_flight: Gauge::default(),
-            system_capacity: FloatGauge::default(),
-            system_cpu: FloatGauge::default(),
-            system_shed: Family::default(),
-            source: std::sync::OnceLock::new(),
-        };
+        let adaptive_limit = Family::<RouteLabels, Gauge>::default();
+        let adaptive_in_flight = Family::<RouteLabels, Gauge>::default();
+        let adaptive_rtt = Family::<RouteLabels, FloatGauge>::default();
+        let adaptive_min_rtt = Family::<RouteLabels, FloatGauge>::default();
+        let adaptive_shed = Family::<RouteLabels, Counter>::default();
+        let system_in_flight = Gauge::default();
+        let system_capacity = FloatGauge::default();
+        let system_cpu = FloatGauge::default();
+        let system_shed = Family::<ShedLabels, Counter>::default();
         registry.register(
             "adaptive_limit",
             "Requests a route with adaptive concurrency may have in flight now",
-            m.limit.clone(),
+            adaptive_limit.clone(),
         );
         registry.register(
             "adaptive_in_flight",
             "Requests in flight on a route with adaptive concurrency",
-            m.in_flight.clone(),
+            adaptive_in_flight.clone(),
         );
         registry.register(
             "adaptive_rtt_seconds",
             "The route's measured latency in its last interval with answers (its percentile)",
-            m.rtt.clone(),
+            adaptive_rtt.clone(),
         );
         registry.register(
             "adaptive_min_rtt_seconds",
             "The route's last minimum latency measured",
-            m.min_rtt.clone(),
+            adaptive_min_rtt.clone(),
         );
         registry.register(
             "adaptive_shed",
             "Requests the route's adaptive concurrency shed (503)",
-            m.shed.clone(),
+            adaptive_shed.clone(),
         );
         registry.register(
             "system_in_flight",
             "Requests in flight through the gateway (system protection)",
-            m.system_in_flight.clone(),
+            system_in_flight.clone(),
         );
         registry.register(
             "system_capacity",
-            "What the upstream can take in flight before requests queue: the most answers per second times the least latency, over the last second",
-            m.system_capacity.clone(),
+            "What the upstream can take in flight before requests queue: the most answers \
+             per second times the least latency, over the last second",
+            system_capacity.clone(),
         );
         registry.register(
             "system_cpu_ratio",
             "The host's CPU use over the last second, 0 to 1 (system protection)",
-            m.system_cpu.clone(),
+            system_cpu.clone(),
         );
         registry.register(
             "system_shed",
             "Requests system protection shed (503), by reason (capacity, cpu) and priority class",
-            m.system_shed.clone(),
+            system_shed.clone(),
         );
-        m
+        Self {
+            limit: adaptive_limit,
+            in_flight: adaptive_in_flight,
+            rtt: adaptive_rtt,
+            min_rtt: adaptive_min_rtt,
+            shed: adaptive_shed,
+            system_in_flight,
+            system_capacity,
+            system_cpu,
+            system_shed,
+            source: std::sync::OnceLock::new(),
+        }
     }
 
     /// Reads `shedding` when scraped.
