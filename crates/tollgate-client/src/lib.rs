@@ -23,7 +23,9 @@
 //!   `check(domain, descriptors, hits)` gives a [`Decision`] (allowed, limit, remaining,
 //!   reset, retry-after, each descriptor's status), on a pooled connection, within a
 //!   per-call deadline, with the caller's [`FailurePolicy`] when the service cannot
-//!   answer; with the `grpc` feature, over Envoy's gRPC API too.
+//!   answer; with the `grpc` feature, over Envoy's gRPC API too. It reads at most 64 KiB
+//!   of an answer ([`ServiceClient::max_answer_bytes`]); a larger one is
+//!   [`service::Error::AnswerTooLarge`], not memory without bound.
 //!
 //! A client over any tower service of `http::Request<B>` with a `Clone` body (hyper-util's
 //! legacy `Client` with `Full<Bytes>`, say; here a stub):
