@@ -83,6 +83,7 @@ pub mod backoff;
 pub mod budget;
 pub mod layer;
 pub mod precheck;
+mod retry;
 pub mod retry_after;
 pub mod service;
 
