@@ -17,6 +17,9 @@
 //! a body that cannot be cloned can be buffered into one first. Errors of the inner
 //! service are returned as they are, not retried.
 //!
+//! With the `reqwest` feature, `middleware::RetryMiddleware` does the same for a
+//! `reqwest-middleware` client, with the same options.
+//!
 //! [`Backoff`]: crate::backoff::Backoff
 //! [`Backoff::max_retries`]: crate::backoff::Backoff::max_retries
 //! [`Backoff::max_total`]: crate::backoff::Backoff::max_total

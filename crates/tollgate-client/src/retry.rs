@@ -1,7 +1,8 @@
-//! The retries of [`RetryLayer`](crate::RetryLayer), apart from its sending and copying
-//! of requests, so that another front end can share them: which requests may be sent
-//! again, the pre-check before each attempt, the budget, how long to wait before the
-//! next attempt, and the loop of attempts ([`Policy::run`]).
+//! The retries that [`RetryLayer`](crate::RetryLayer) and, with the `reqwest` feature,
+//! `RetryMiddleware` share: which requests may be sent again, the pre-check before each
+//! attempt, the budget, how long to wait before the next attempt, and the loop of
+//! attempts ([`Policy::run`]). Each front end gives only its own sending and copying of
+//! requests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
