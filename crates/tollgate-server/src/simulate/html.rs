@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use tollgate::clock::NANOS_PER_SEC;
 
-use super::report::Report;
+use super::report::{Outcome, Report};
 
 /// The colours of the algorithms, in the report's order.
 const COLORS: [&str; 8] = [
@@ -334,17 +334,9 @@ fn retry_after(report: &Report) -> String {
          rejections were told to retry within each tenth of the limit's unit; the last point: \
          a {unit} or more.</p>"
     );
-    let series: Vec<Series<'_>> = report
-        .outcomes
-        .iter()
-        .enumerate()
-        .map(|(i, o)| Series {
-            name: &o.name,
-            color: color(i),
-            values: o.retry_after.tenths.iter().map(|&n| n as f64).collect(),
-            dashed: false,
-        })
-        .collect();
+    let series = per_algorithm(report, |o| {
+        o.retry_after.tenths.iter().map(|&n| n as f64).collect()
+    });
     out.push_str(&line_chart(
         &format!("Retry times given, by tenth of a {unit}"),
         "retry after",
@@ -355,6 +347,21 @@ fn retry_after(report: &Report) -> String {
         &[],
     ));
     out
+}
+
+/// One line per algorithm, in its colour, of the values `of` its outcome.
+fn per_algorithm<'a>(report: &'a Report, of: impl Fn(&Outcome) -> Vec<f64>) -> Vec<Series<'a>> {
+    report
+        .outcomes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| Series {
+            name: &o.name,
+            color: color(i),
+            values: of(o),
+            dashed: false,
+        })
+        .collect()
 }
 
 /// A count per bucket as a rate a second, each bucket divided by its real length (the
@@ -427,17 +434,9 @@ pub fn page(report: &Report) -> String {
         &rows,
         Some((limit, limit_text.clone())),
     ));
-    let series: Vec<Series<'_>> = report
-        .outcomes
-        .iter()
-        .enumerate()
-        .map(|(i, o)| Series {
-            name: &o.name,
-            color: color(i),
-            values: o.buckets.iter().map(|b| b.window_max as f64).collect(),
-            dashed: false,
-        })
-        .collect();
+    let series = per_algorithm(report, |o| {
+        o.buckets.iter().map(|b| b.window_max as f64).collect()
+    });
     body.push_str(&line_chart(
         &format!("Admitted in the {unit} before each admission (highest per {per})"),
         "time",
