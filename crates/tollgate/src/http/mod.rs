@@ -38,6 +38,10 @@
 //!   the rules); `body.rs` holds concurrency permits until the response body ends;
 //!   `bandwidth.rs` charges a streamed request body to `cost: request_bytes` entries.
 //! - [`observer`]: [`DecisionObserver`], told of every decision (metrics).
+//! - [`settings`]: a route's `adaptive_concurrency` and the gateway's
+//!   `system_protection`; `adaptive.rs` and `protection.rs` apply them (the controllers
+//!   themselves are [`crate::adaptive`]), and [`Shedding`] keeps their state across
+//!   reloads and shows it ([`RateLimitLayer::shedding`]).
 
 pub mod actions;
 mod adaptive;

@@ -21,7 +21,10 @@ use super::protection::{SystemGuard, SystemStats};
 use crate::adaptive::CpuGauge;
 use crate::clock::{nanos, Nanos};
 
-/// The gateway's load-shedding state; see the [module](self) docs.
+/// The gateway's load-shedding state: each route's adaptive concurrency and the system
+/// protection, kept across reloads (a route whose place, path prefix and settings are
+/// unchanged keeps its controller and what it measured). Read only from outside: see
+/// [`routes`](Self::routes) and [`system`](Self::system).
 pub struct Shedding {
     started: Instant,
     system: Arc<SystemGuard>,
