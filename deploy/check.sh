@@ -7,7 +7,7 @@
 #   `prometheus` package: installed with apt-get when missing; skipped, saying so, when
 #   it does not install);
 # - every `tollgate_*` metric the alert rules, the Grafana dashboard and docs/operations.md
-#   name is one that crates/tollgate-server/src/metrics.rs registers;
+#   name is one that crates/tollgate-server/src/metrics.rs (or metrics/*.rs) registers;
 # - the Grafana dashboard: valid JSON (`python3 -m json.tool`), a Prometheus data source
 #   variable that every panel uses, unique panel ids, queries that promtool parses;
 # - the Kubernetes manifests and the Envoy configurations (the front proxy's and the
@@ -107,7 +107,8 @@ fi
 # The metrics the rules and the dashboard read, against those the service registers.
 check "the alert rules, the dashboard and $DOC name only metrics Tollgate exports" python3 - "$RULES" "$DASHBOARD" "$DOC" <<'EOF'
 import re, sys
-src = open("crates/tollgate-server/src/metrics.rs").read()
+import glob
+src = "".join(open(p).read() for p in ["crates/tollgate-server/src/metrics.rs"] + sorted(glob.glob("crates/tollgate-server/src/metrics/*.rs")))
 kinds = {}
 for var, init in re.findall(r"let (\w+) = ([^;]+);", src):
     for kind in ("Histogram", "Counter", "Gauge"):

@@ -16,22 +16,27 @@
 //! The request body must be `Clone` to be sent again (`Full<Bytes>` and `Empty` are);
 //! a body that cannot be cloned can be buffered into one first. Errors of the inner
 //! service are returned as they are, not retried.
+//!
+//! With the `reqwest` feature, `middleware::RetryMiddleware` does the same for a
+//! `reqwest-middleware` client, with the same options.
+//!
+//! [`Backoff`]: crate::backoff::Backoff
+//! [`Backoff::max_retries`]: crate::backoff::Backoff::max_retries
+//! [`Backoff::max_total`]: crate::backoff::Backoff::max_total
+//! [`Budget`]: crate::budget::Budget
+//! [`Precheck`]: crate::precheck::Precheck
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
 
-use http::{Method, Request, Response, StatusCode};
-use parking_lot::Mutex;
-use tokio::time::Instant;
+use http::{Request, Response};
 use tower::{Layer, Service, ServiceExt};
 
-use crate::backoff::{Backoff, Jitter};
-use crate::budget::Budget;
-use crate::precheck::{Exhausted, Precheck, WhenExhausted};
-use crate::retry_after::{retry_after, states};
+use crate::precheck::Exhausted;
+pub use crate::retry::hinted_wait;
+use crate::retry::{builder, Config, Front, Policy, Sending};
 
 /// A request extension that lets a request of a non-idempotent method (POST, PATCH) be
 /// retried: its sender knows that sending it twice does no harm.
@@ -68,50 +73,18 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
 /// The layer; see the [module](self) docs.
 #[derive(Debug, Clone)]
 pub struct RetryLayer {
-    backoff: Backoff,
-    budget: Option<Arc<Budget>>,
-    seed: Option<u64>,
-    precheck: Option<Arc<Precheck>>,
+    config: Config,
 }
 
-impl Default for RetryLayer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+builder!(RetryLayer);
 
 impl RetryLayer {
-    /// The default [`Backoff`] and [`Budget`], no pre-check.
-    pub fn new() -> Self {
-        RetryLayer {
-            backoff: Backoff::default(),
-            budget: Some(Arc::new(Budget::default())),
-            seed: None,
-            precheck: None,
-        }
+    fn with_config(config: Config) -> Self {
+        RetryLayer { config }
     }
 
-    /// With `backoff`'s schedule and bounds.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// With `budget` (shared with whatever else holds it), or none.
-    pub fn budget(mut self, budget: Option<Arc<Budget>>) -> Self {
-        self.budget = budget;
-        self
-    }
-
-    /// With jitter from a fixed `seed` (for reproducible tests).
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// With `precheck` before each attempt (it learns from each response).
-    pub fn precheck(mut self, precheck: Arc<Precheck>) -> Self {
-        self.precheck = Some(precheck);
+    fn configure(mut self, set: impl FnOnce(&mut Config)) -> Self {
+        set(&mut self.config);
         self
     }
 }
@@ -120,53 +93,23 @@ impl<S> Layer<S> for RetryLayer {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Retry<S> {
-        let jitter = self.seed.map_or_else(Jitter::new, Jitter::seeded);
         Retry {
             inner,
-            shared: Arc::new(Shared {
-                backoff: self.backoff,
-                budget: self.budget.clone(),
-                jitter: Mutex::new(jitter),
-                precheck: self.precheck.clone(),
-            }),
+            policy: Arc::new(self.config.policy()),
         }
     }
-}
-
-#[derive(Debug)]
-struct Shared {
-    backoff: Backoff,
-    budget: Option<Arc<Budget>>,
-    jitter: Mutex<Jitter>,
-    precheck: Option<Arc<Precheck>>,
 }
 
 /// The service [`RetryLayer`] makes.
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
-    shared: Arc<Shared>,
+    policy: Arc<Policy>,
 }
 
 /// Whether `req` may be sent again.
 pub fn is_retryable<B>(req: &Request<B>) -> bool {
-    matches!(
-        *req.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    ) || req.extensions().get::<Retryable>().is_some()
-}
-
-/// The wait a 429 or 503 response asks for: `Retry-After`, else the longest reset of
-/// the `RateLimit` items with nothing left.
-pub fn hinted_wait(headers: &http::HeaderMap) -> Option<Duration> {
-    retry_after(headers, SystemTime::now()).or_else(|| {
-        states(headers)?
-            .iter()
-            .filter(|s| s.remaining == 0)
-            .filter_map(|s| s.reset)
-            .max()
-            .map(Duration::from_secs)
-    })
+    crate::retry::retryable(req.method(), req.extensions().get::<Retryable>().is_some())
 }
 
 impl<S, B, RB> Service<Request<B>> for Retry<S>
@@ -189,102 +132,48 @@ where
         // The clone that was made ready goes with this call; a fresh one stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = self.shared.clone();
-        Box::pin(run(inner, shared, req))
+        let policy = self.policy.clone();
+        Box::pin(async move { policy.run(req, &mut Inner(inner)).await })
     }
 }
 
-async fn run<S, B, RB>(
-    mut inner: S,
-    shared: Arc<Shared>,
-    req: Request<B>,
-) -> Result<Response<RB>, Error<S::Error>>
+/// The inner service, as the retries' front end.
+struct Inner<S>(S);
+
+impl<S, B, RB> Front<Request<B>> for Inner<S>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
-    B: Clone,
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    B: Clone + Send + 'static,
+    RB: Send + 'static,
 {
-    let start = Instant::now();
-    let retryable = is_retryable(&req);
-    let key = shared
-        .precheck
-        .as_ref()
-        .and_then(|p| p.key_of(req.uri(), req.headers()));
-    if let Some(budget) = &shared.budget {
-        budget.deposit();
-    }
-    let mut attempt = 0u32;
-    let mut this = req;
-    loop {
-        // Keep a copy for the next attempt, while one may follow.
-        let copy =
-            (retryable && attempt < shared.backoff.max_retries).then(|| clone_request(&this));
-        if let (Some(pc), Some(key)) = (&shared.precheck, &key) {
-            precheck(pc, key).await.map_err(Error::Exhausted)?;
-        }
-        let response = inner
-            .ready()
-            .await
-            .map_err(Error::Service)?
-            .call(this)
-            .await
-            .map_err(Error::Service)?;
-        if let (Some(pc), Some(key)) = (&shared.precheck, &key) {
-            pc.learn(key, response.headers());
-        }
-        let status = response.status();
-        let next = match copy {
-            Some(next)
-                if matches!(
-                    status,
-                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-                ) =>
-            {
-                next
-            }
-            _ => return Ok(response),
-        };
-        let wait = {
-            let mut jitter = shared.jitter.lock();
-            match hinted_wait(response.headers()) {
-                Some(hint) => hint.saturating_add(shared.backoff.delay(0, &mut jitter)),
-                None => shared.backoff.delay(attempt, &mut jitter),
-            }
-        };
-        if !shared.backoff.allows(attempt, start.elapsed(), wait) {
-            tracing::debug!(attempt, ?wait, %status, "no retry: past the attempts or the total time");
-            return Ok(response);
-        }
-        if let Some(budget) = &shared.budget {
-            if !budget.withdraw() {
-                tracing::debug!(attempt, %status, "no retry: the retry budget is spent");
-                return Ok(response);
-            }
-        }
-        tracing::debug!(attempt, ?wait, %status, "retrying");
-        drop(response);
-        tokio::time::sleep(wait).await;
-        attempt += 1;
-        this = next;
-    }
-}
+    type Answer = Response<RB>;
+    type Error = Error<S::Error>;
 
-/// Holds back a request while `key` has a policy with nothing left: waits for its reset,
-/// or fails, as the pre-check says.
-async fn precheck(pc: &Precheck, key: &str) -> Result<(), Exhausted> {
-    let mut waited = Duration::ZERO;
-    loop {
-        let exhausted = match pc.try_take(key) {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        match pc.when_exhausted() {
-            WhenExhausted::Wait { max } if waited + exhausted.reset <= max => {
-                tracing::debug!(key, policy = %exhausted.policy, wait = ?exhausted.reset, "pre-check: waiting for the reset");
-                waited += exhausted.reset;
-                tokio::time::sleep(exhausted.reset).await;
-            }
-            _ => return Err(exhausted),
+    fn about<'r>(&self, req: &'r Request<B>) -> Sending<'r> {
+        Sending {
+            method: req.method(),
+            marked: req.extensions().get::<Retryable>().is_some(),
+            uri: Some(req.uri().clone()),
+            headers: req.headers(),
         }
+    }
+
+    async fn send(&mut self, req: Request<B>) -> Result<Response<RB>, Error<S::Error>> {
+        let ready = self.0.ready().await.map_err(Error::Service)?;
+        ready.call(req).await.map_err(Error::Service)
+    }
+
+    fn read(answer: &Response<RB>) -> (http::StatusCode, &http::HeaderMap) {
+        (answer.status(), answer.headers())
+    }
+
+    fn copy(req: &Request<B>) -> Option<Request<B>> {
+        Some(clone_request(req))
+    }
+
+    fn held_back(exhausted: Exhausted) -> Error<S::Error> {
+        Error::Exhausted(exhausted)
     }
 }
 
@@ -305,8 +194,16 @@ fn clone_request<B: Clone>(req: &Request<B>) -> Request<B> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use http::{Method, StatusCode};
+    use parking_lot::Mutex;
+    use tokio::time::Instant;
 
     use super::*;
+    use crate::backoff::Backoff;
+    use crate::budget::Budget;
+    use crate::precheck::{Precheck, WhenExhausted};
 
     /// What a scripted service saw: each request's method and when it came.
     type Seen = Arc<Mutex<Vec<(Method, Instant)>>>;

@@ -19,11 +19,20 @@
 //! - [`precheck`]: [`Precheck`], an option of the layer that learns each policy from the
 //!   responses' `RateLimit-Policy` and `RateLimit` fields, per partition key, and holds
 //!   back a request the server would reject: it waits for the reset or fails fast.
+//! - `middleware` (the `reqwest` feature, off by default): `RetryMiddleware`, the same
+//!   retries with the same options for a [`reqwest-middleware`] client. A POST is retried
+//!   only when marked with `RequestBuilder::with_extension(Retryable)`; a body that
+//!   cannot be cloned (a stream) is sent once; a request the pre-check holds back fails
+//!   with `reqwest_middleware::Error::Middleware` wrapping a [`precheck::Exhausted`].
 //! - [`service`]: [`ServiceClient`], a client of `tollgate serve`'s `POST /v1/check`:
 //!   `check(domain, descriptors, hits)` gives a [`Decision`] (allowed, limit, remaining,
 //!   reset, retry-after, each descriptor's status), on a pooled connection, within a
 //!   per-call deadline, with the caller's [`FailurePolicy`] when the service cannot
-//!   answer; with the `grpc` feature, over Envoy's gRPC API too.
+//!   answer; with the `grpc` feature, over Envoy's gRPC API too. It reads at most 64 KiB
+//!   of an answer ([`ServiceClient::max_answer_bytes`]); a larger one is
+//!   [`service::Error::AnswerTooLarge`], not memory without bound.
+//!
+//! [`reqwest-middleware`]: https://docs.rs/reqwest-middleware/0.4
 //!
 //! A client over any tower service of `http::Request<B>` with a `Clone` body (hyper-util's
 //! legacy `Client` with `Full<Bytes>`, say; here a stub):
@@ -80,10 +89,15 @@
 pub mod backoff;
 pub mod budget;
 pub mod layer;
+#[cfg(feature = "reqwest")]
+pub mod middleware;
 pub mod precheck;
+mod retry;
 pub mod retry_after;
 pub mod service;
 
 pub use layer::{Error, Retry, RetryLayer, Retryable};
+#[cfg(feature = "reqwest")]
+pub use middleware::RetryMiddleware;
 pub use precheck::{Precheck, WhenExhausted};
 pub use service::{Decision, Descriptor, FailurePolicy, ServiceClient};

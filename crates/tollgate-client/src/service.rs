@@ -43,13 +43,20 @@
 //! [`origin`](Decision::origin) says so and keeps the error. A request the service
 //! refuses as malformed (400, 413; gRPC `INVALID_ARGUMENT`) is the caller's mistake and is returned as an
 //! [`Error`], whatever the policy.
+//!
+//! **The answer's size is capped.** The client reads at most
+//! [`DEFAULT_MAX_ANSWER_BYTES`](ServiceClient::DEFAULT_MAX_ANSWER_BYTES) (64 KiB) of an
+//! answer's body, [`max_answer_bytes`](ServiceClient::max_answer_bytes) to change it: a
+//! decision on the service's default request limits (64 descriptors) is well within it.
+//! A larger answer is [`Error::AnswerTooLarge`], not read further; for a server error
+//! (5xx) the failure policy decides, as for any other.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -225,6 +232,18 @@ pub enum Error {
     /// The answer's body could not be read.
     #[error("the rate limit service's answer could not be read")]
     Body(#[source] hyper::Error),
+    /// The answer's body is longer than the client reads
+    /// ([`ServiceClient::max_answer_bytes`]); the rest was not read.
+    #[error("the rate limit service's answer ({status}) is larger than {limit} bytes")]
+    AnswerTooLarge {
+        /// The answer's status.
+        status: StatusCode,
+        /// The cap, in bytes.
+        limit: usize,
+        /// What the cap reported (a `http_body_util::LengthLimitError`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// No answer within the deadline.
     #[error("the rate limit service did not answer within {0:?}")]
     Deadline(Duration),
@@ -290,7 +309,7 @@ impl Error {
         matches!(
             self,
             Error::Unreachable(_) | Error::Body(_) | Error::Deadline(_) | Error::Unavailable { .. }
-        )
+        ) || matches!(self, Error::AnswerTooLarge { status, .. } if status.is_server_error())
     }
 }
 
@@ -301,6 +320,7 @@ pub struct ServiceClient {
     transport: Transport,
     deadline: Duration,
     policy: FailurePolicy,
+    max_answer_bytes: usize,
 }
 
 /// How the client reaches the service.
@@ -309,10 +329,7 @@ pub struct ServiceClient {
 #[allow(clippy::large_enum_variant)]
 enum Transport {
     /// `POST /v1/check` at `uri`.
-    Http {
-        http: Client<HttpConnector, Full<Bytes>>,
-        uri: Uri,
-    },
+    Http { http: HttpClient, uri: Uri },
     /// Envoy's `ShouldRateLimit`.
     #[cfg(feature = "grpc")]
     Grpc(
@@ -325,6 +342,9 @@ enum Transport {
 impl ServiceClient {
     /// The default per-call deadline.
     pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(100);
+
+    /// The default cap on an answer's body: 64 KiB.
+    pub const DEFAULT_MAX_ANSWER_BYTES: usize = 64 * 1024;
 
     /// A client of the service at `base` (`http://host:port`, the HTTP listener),
     /// with a deadline of [`DEFAULT_DEADLINE`](Self::DEFAULT_DEADLINE) and
@@ -354,6 +374,7 @@ impl ServiceClient {
             transport: Transport::Http { http, uri },
             deadline: Self::DEFAULT_DEADLINE,
             policy: FailurePolicy::Open,
+            max_answer_bytes: Self::DEFAULT_MAX_ANSWER_BYTES,
         })
     }
 
@@ -368,6 +389,7 @@ impl ServiceClient {
             transport: Transport::Grpc(grpc::channel(addr)?),
             deadline: Self::DEFAULT_DEADLINE,
             policy: FailurePolicy::Open,
+            max_answer_bytes: Self::DEFAULT_MAX_ANSWER_BYTES,
         })
     }
 
@@ -385,6 +407,16 @@ impl ServiceClient {
         self
     }
 
+    /// The most bytes of an answer's body the client reads (over HTTP); past it, the
+    /// check fails with [`Error::AnswerTooLarge`]. The default is
+    /// [`DEFAULT_MAX_ANSWER_BYTES`](Self::DEFAULT_MAX_ANSWER_BYTES); raise it for a
+    /// service that allows more descriptors per call than its default 64.
+    #[must_use]
+    pub fn max_answer_bytes(mut self, limit: usize) -> Self {
+        self.max_answer_bytes = limit;
+        self
+    }
+
     /// Asks whether `hits` requests (at least 1) described by `descriptors` of `domain`
     /// may go ahead, decided together. When the service cannot answer, the failure
     /// policy decides; `Err` only for a request the service refuses as malformed, or an
@@ -397,7 +429,14 @@ impl ServiceClient {
     ) -> Result<Decision, Error> {
         let call = async {
             match &self.transport {
-                Transport::Http { http, uri } => ask(http, uri, domain, descriptors, hits).await,
+                Transport::Http { http, uri } => {
+                    let to = Endpoint {
+                        http,
+                        uri,
+                        max_answer_bytes: self.max_answer_bytes,
+                    };
+                    ask(&to, domain, descriptors, hits).await
+                }
                 #[cfg(feature = "grpc")]
                 Transport::Grpc(client) => {
                     grpc::ask(client.clone(), domain, descriptors, hits).await
@@ -417,10 +456,19 @@ impl ServiceClient {
     }
 }
 
+/// The pooled hyper client of the HTTP transport.
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Where and how one `POST /v1/check` goes.
+struct Endpoint<'a> {
+    http: &'a HttpClient,
+    uri: &'a Uri,
+    max_answer_bytes: usize,
+}
+
 /// One `POST /v1/check`, without deadline or policy.
 async fn ask(
-    http: &Client<HttpConnector, Full<Bytes>>,
-    uri: &Uri,
+    to: &Endpoint<'_>,
     domain: &str,
     descriptors: &[Descriptor],
     hits: u64,
@@ -432,17 +480,25 @@ async fn ask(
     });
     let request = Request::builder()
         .method(Method::POST)
-        .uri(uri.clone())
+        .uri(to.uri.clone())
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .map_err(Error::Request)?;
-    let response = http.request(request).await.map_err(Error::Unreachable)?;
+    let response = to.http.request(request).await.map_err(Error::Unreachable)?;
     let status = response.status();
-    let bytes = response
-        .into_body()
+    let limit = to.max_answer_bytes;
+    let bytes = Limited::new(response.into_body(), limit)
         .collect()
         .await
-        .map_err(Error::Body)?
+        .map_err(|e| match e.downcast::<hyper::Error>() {
+            Ok(e) => Error::Body(*e),
+            // Limited fails only with the body's error or its own.
+            Err(source) => Error::AnswerTooLarge {
+                status,
+                limit,
+                source,
+            },
+        })?
         .to_bytes();
     let text = || String::from_utf8_lossy(&bytes).into_owned();
     if status.is_server_error() {
@@ -545,6 +601,76 @@ mod tests {
         assert_eq!(d.retry_after, None);
         assert!(decode(b"{}").is_err());
         assert!(decode(b"not json").is_err());
+    }
+
+    /// A server on loopback that answers every request with `status` and a decision
+    /// padded with spaces to `len` bytes; its URL.
+    async fn answering(status: u16, len: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    // The request: its head, then a JSON body that ends with `}`.
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !seen.ends_with(b"}") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let decision = br#"{"allowed":true,"descriptors":[]}"#;
+                    let head = format!("HTTP/1.1 {status} X\r\ncontent-length: {len}\r\n\r\n");
+                    let mut body = decision.to_vec();
+                    body.resize(len.max(decision.len()), b' ');
+                    for part in [head.as_bytes(), &body] {
+                        if s.write_all(part).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_too_large_answer_is_an_error() {
+        let check = |c: ServiceClient| async move {
+            c.deadline(Duration::from_secs(10))
+                .check("d", &[Descriptor::new().entry("k", "v")], 1)
+                .await
+        };
+        let mib = 1024 * 1024;
+        let url = answering(200, mib).await;
+        let Err(Error::AnswerTooLarge { status, limit, .. }) =
+            check(ServiceClient::new(&url).unwrap()).await
+        else {
+            panic!("a 1 MiB answer was read");
+        };
+        assert_eq!((status, limit), (StatusCode::OK, 64 * 1024));
+        // Within the cap, or with a higher cap: a decision.
+        let d = check(ServiceClient::new(&answering(200, 60 * 1024).await).unwrap()).await;
+        assert!(d.unwrap().allowed);
+        let higher = ServiceClient::new(&url).unwrap().max_answer_bytes(2 * mib);
+        assert!(check(higher).await.unwrap().allowed);
+        let lower = ServiceClient::new(&url).unwrap().max_answer_bytes(10);
+        assert!(matches!(
+            check(lower).await,
+            Err(Error::AnswerTooLarge { limit: 10, .. })
+        ));
+        // A too-large server error: the failure policy decides, keeping the cause.
+        let failing = ServiceClient::new(&answering(503, mib).await)
+            .unwrap()
+            .failure_policy(FailurePolicy::Closed);
+        let d = check(failing).await.unwrap();
+        assert!(!d.allowed);
+        let Origin::Policy(cause) = d.origin else {
+            panic!("the service decided")
+        };
+        assert!(matches!(*cause, Error::AnswerTooLarge { .. }), "{cause}");
     }
 
     #[test]

@@ -27,6 +27,11 @@
 //! | `tollgate_local_decisions_total` | consistency (`leased`, `synced`) | checks decided without a Redis call |
 //! | `tollgate_sync_calls_total`, `tollgate_sync_failures_total` | domain, descriptor | sync calls that carried the rule's keys (`consistency: synced`; one call per interval carries every key, and counts once for each rule), those that failed |
 //! | `tollgate_synced_units_total` | domain, descriptor | units pushed by sync calls |
+//! | `tollgate_adaptive_limit`, `tollgate_adaptive_in_flight` | domain, route | `tollgate proxy`: a route's adaptive concurrency limit, and its requests in flight (`route` is `index:path_prefix`) |
+//! | `tollgate_adaptive_rtt_seconds`, `tollgate_adaptive_min_rtt_seconds` | domain, route | the route's measured latency (last interval) and its minimum RTT |
+//! | `tollgate_adaptive_shed_total` | domain, route | requests the route's adaptive concurrency shed (503) |
+//! | `tollgate_system_in_flight`, `tollgate_system_capacity`, `tollgate_system_cpu_ratio` | | system protection: requests in flight through the gateway, the capacity estimate (max answers per second × min latency), the host's CPU use (0 to 1) |
+//! | `tollgate_system_shed_total` | reason (`capacity`, `cpu`), class | requests system protection shed (503), per priority class (`all` without classes) |
 //! | `tollgate_sync_lag_seconds` | domain, descriptor | age of the oldest count a key of the rule in use is decided on, from the sync call that read it (0: no key in use) |
 //! | `tollgate_global_lease_duration_seconds` | | round trip of each call to the global store that answered (`--global-store`; leases of `scope: global` limits, mostly taken ahead of need) |
 //! | `tollgate_global_store_calls_total`, `tollgate_global_store_failures_total` | | calls to the global store, and those that failed |
@@ -38,6 +43,8 @@
 //! bound: past [`MAX_RULE_SERIES`] distinct (domain, path) pairs (only possible with
 //! `detailed_metric`, which puts runtime values in the path), further pairs are
 //! counted under the path `_overflow`.
+
+mod shedding;
 
 use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
@@ -135,6 +142,7 @@ pub struct Metrics {
     /// rather than removed while a scrape may be reading).
     enforcement_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
     scale_out: ScaleOutMetrics,
+    shedding: shedding::SheddingMetrics,
     connections: Family<ListenerLabels, Gauge>,
     connections_capped: Family<ListenerLabels, Counter>,
     accept_errors: Family<ListenerLabels, Counter>,
@@ -388,6 +396,7 @@ impl Metrics {
             "Requests refused as malformed",
             invalid_requests.clone(),
         );
+        let shedding = shedding::SheddingMetrics::register(&mut registry);
         Self {
             registry,
             total_hits,
@@ -416,6 +425,7 @@ impl Metrics {
             enforcement_shadow,
             enforcement_shown: std::sync::Mutex::default(),
             scale_out,
+            shedding,
             connections,
             connections_capped,
             accept_errors,
@@ -589,6 +599,17 @@ impl Metrics {
         metrics
     }
 
+    /// Shows the gateway's load shedding (`tollgate proxy`): its routes' adaptive
+    /// concurrency and its system protection, read when scraped and by the dashboard.
+    pub fn know_shedding(&self, shedding: Arc<tollgate::http::Shedding>) {
+        self.shedding.know(shedding);
+    }
+
+    /// The gateway's load shedding, if known.
+    pub fn shedding(&self) -> Option<&Arc<tollgate::http::Shedding>> {
+        self.shedding.shedding()
+    }
+
     /// Shows the emergency switch's `state`: a series per domain it names, and `"*"`.
     pub fn enforcement(&self, state: &tollgate::limiter::EnforcementState) {
         use tollgate::limiter::Mode;
@@ -648,6 +669,7 @@ impl Metrics {
                 sync,
             );
         }
+        self.shedding.render(sync);
         self.store_keys
             .set(i64::try_from(stats.keys).unwrap_or(i64::MAX));
         sync(&self.store_evictions, stats.evictions);

@@ -153,8 +153,8 @@ fn the_example_rule_files_are_valid() {
     let out = tollgate(&["validate", examples.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    // Nine domains, and the gateway sections of two of them.
-    assert_eq!(stdout.lines().count(), 11, "{stdout}");
+    // Ten domains, and the gateway sections of three of them.
+    assert_eq!(stdout.lines().count(), 13, "{stdout}");
     assert!(
         stdout.contains("ok: gateway section of `gateway`: 3 routes"),
         "{stdout}"

@@ -2,7 +2,8 @@
 //! token, counts that move with traffic, hot keys), and `GET /dashboard` loaded in a
 //! real headless Chromium while traffic runs, on `serve` and on `proxy --admin-listen`:
 //! the page shows the rules, non-zero rates and the hottest key, then the error of a
-//! reload that failed.
+//! reload that failed; and the gateway's load shedding (adaptive concurrency per
+//! route, system protection) in `/v1/stats` and on the page.
 //!
 //! On Redis: the store's health, its circuit breaker open once Redis is gone.
 //!
@@ -47,6 +48,20 @@ http:
       rate_limits:
         - actions: [{remote_address: {}}]
 "#;
+
+/// A gateway that sheds load: adaptive concurrency on `/api/`, and system protection
+/// that sheds nothing (a CPU threshold at 99 %, capacity never below 1000 in flight).
+const SHEDDING: &str = "domain: edge
+descriptors: []
+http:
+  system_protection:
+    max_cpu: 99%
+    min_in_flight: 1000
+    priority: {header: x-priority, classes: [critical, default]}
+  routes:
+    - match: {path_prefix: /api/}
+      adaptive_concurrency: {min_limit: 5, max_limit: 200, interval: 50ms, min_rtt_samples: 10}
+";
 
 /// A rule file that does not load.
 const BROKEN: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
@@ -113,6 +128,41 @@ fn traffic(url: String, body: fn(u64) -> Value, stop: Arc<AtomicBool>) {
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let _ = c.post(&url).json(&body(i)).send().await;
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}
+
+/// `tollgate proxy` on `rules` (`edge.yaml` in a new directory `name`) in front of a real
+/// upstream, its admin endpoints (guarded by the token) on a listener of their own: the
+/// proxy, the rule directory, and the admin listener's URL.
+async fn gateway(name: &str, rules: &str) -> (Proxy, PathBuf, String) {
+    let (_up, upstream) = start_upstream().await;
+    let dir = tempdir(name);
+    std::fs::write(dir.join("edge.yaml"), rules).unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let proxy = Proxy::start(
+        &dir,
+        &format!("http://{upstream}"),
+        &["--admin-listen", &admin, "--admin-token", TOKEN],
+    )
+    .await;
+    (proxy, dir, format!("http://{admin}"))
+}
+
+/// Sends `GET url` through a gateway until `stop`, every other request as
+/// `x-priority: critical`.
+fn browse(url: String, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let c = Client::new();
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut get = c.get(&url);
+            if i % 2 == 0 {
+                get = get.header("x-priority", "critical");
+            }
+            let _ = get.send().await;
             i += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -200,6 +250,8 @@ async fn stats_are_guarded_and_move_with_traffic() {
         "store",
         "rule_set",
         "enforcement",
+        "adaptive",
+        "system",
     ] {
         assert!(s.get(field).is_some(), "no {field}: {s:#}");
     }
@@ -210,6 +262,9 @@ async fn stats_are_guarded_and_move_with_traffic() {
     assert_eq!(s["rule_set"]["domains"][0]["domain"], "api");
     assert!(s["rule_set"]["last_error"].is_null());
     assert_eq!(s["enforcement"]["all"], "enforce");
+    // No gateway, no load shedding.
+    assert_eq!(s["adaptive"], json!([]));
+    assert!(s["system"].is_null());
     assert_eq!(rule(&s, "user")["limits"], json!(["20/minute"]));
     assert_eq!(rule(&s, "path")["shadow_mode"], true);
 
@@ -318,31 +373,12 @@ async fn the_page_shows_rules_rates_hot_keys_and_a_reload_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateways_admin_listener_serves_the_dashboard() {
-    let (_up, upstream) = start_upstream().await;
-    let dir = tempdir("dashboard-gateway");
-    std::fs::write(dir.join("edge.yaml"), GATEWAY).unwrap();
-    let admin = format!("127.0.0.1:{}", free_port());
-    let proxy = Proxy::start(
-        &dir,
-        &format!("http://{upstream}"),
-        &["--admin-listen", &admin, "--admin-token", TOKEN],
-    )
-    .await;
-    let base = format!("http://{admin}");
+    let (proxy, dir, base) = gateway("dashboard-gateway", GATEWAY).await;
     let c = Client::new();
     let refused = c.get(format!("{base}/v1/stats")).send().await.unwrap();
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let stop = Arc::new(AtomicBool::new(false));
-    {
-        let (url, stop) = (format!("{}/api/items", proxy.url), Arc::clone(&stop));
-        tokio::spawn(async move {
-            let c = Client::new();
-            while !stop.load(Ordering::Relaxed) {
-                let _ = c.get(&url).send().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-    }
+    browse(format!("{}/api/items", proxy.url), Arc::clone(&stop));
     let s = stats_until(&c, &base, |s| {
         s["rates"]["hits"]
             .as_array()
@@ -363,6 +399,10 @@ async fn the_gateways_admin_listener_serves_the_dashboard() {
         "{dom}"
     );
     assert!(dom.contains("remote_address=127.0.0.1"), "{dom}");
+    // Without load shedding, its panel stays hidden.
+    assert_eq!(s["adaptive"], json!([]));
+    assert!(s["system"].is_null());
+    assert!(dom.contains("id=\"shedding-card\" hidden"), "{dom}");
 
     std::fs::write(
         dir.join("edge.yaml"),
@@ -382,6 +422,58 @@ async fn the_gateways_admin_listener_serves_the_dashboard() {
         dom.contains("id=\"reload-error\"") && dom.contains("fortnight"),
         "{dom}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_load_shedding_is_shown() {
+    let (proxy, _, base) = gateway("dashboard-shedding", SHEDDING).await;
+    let c = Client::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    browse(format!("{}/api/items", proxy.url), Arc::clone(&stop));
+    // The route's controller and the guard exist once a request has come.
+    let s = stats_until(&c, &base, |s| {
+        s["adaptive"].as_array().is_some_and(|a| !a.is_empty()) && s["system"].is_object()
+    })
+    .await;
+    let route = &s["adaptive"][0];
+    assert_eq!(route["domain"], "edge", "{s:#}");
+    assert_eq!(route["route"], "0:/api/", "{s:#}");
+    let limit = route["limit"].as_u64().unwrap();
+    assert!((5..=200).contains(&limit), "{s:#}");
+    let system = &s["system"];
+    assert_eq!(system["max_cpu"], 0.99, "{s:#}");
+    let classes: Vec<&Value> = system["shed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["class"])
+        .collect();
+    assert_eq!(classes, [&json!("critical"), &json!("default")], "{s:#}");
+    // Never below 1000 in flight: nothing is shed by capacity.
+    assert!(
+        system["shed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["capacity"] == 0),
+        "{s:#}"
+    );
+
+    let dom = dump_dom(format!("{base}/dashboard#token={TOKEN}"), "shedding").await;
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        dom.contains("<section class=\"card\" id=\"shedding-card\">"),
+        "{dom}"
+    );
+    assert!(dom.contains(">Load shedding<"), "{dom}");
+    assert!(dom.contains("id=\"adaptive-route-0\">0:/api/<"), "{dom}");
+    let shown = value_of(&dom, "adaptive-limit-0");
+    assert!((5.0..=200.0).contains(&shown), "{dom}");
+    assert!(value_of(&dom, "system-in-flight") >= 0.0, "{dom}");
+    assert_eq!(value_of(&dom, "system-max-cpu"), 99.0, "{dom}");
+    assert_eq!(value_of(&dom, "system-shed-capacity-0"), 0.0, "{dom}");
+    assert!(dom.contains("id=\"system-class-0\">critical<"), "{dom}");
+    assert!(dom.contains("id=\"system-class-1\">default<"), "{dom}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,7 @@
 //!
 //! `docs/ARCHITECTURE.md` in the repository explains how the pieces fit.
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod clock;
 pub mod decision;

@@ -147,6 +147,50 @@ pub(crate) fn stats(service: &Service) -> Value {
             "last_error": rules.last_error().map(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>()),
         },
         "enforcement": crate::enforcement::to_json(&service.limiter.enforcement().state()),
+        "adaptive": adaptive_json(service),
+        "system": system_json(service),
+    })
+}
+
+/// Each route with adaptive concurrency (`tollgate proxy`): its limit, in flight, RTTs
+/// (milliseconds) and shed count.
+fn adaptive_json(service: &Service) -> Value {
+    let Some(shedding) = service.metrics.shedding() else {
+        return json!([]);
+    };
+    let ms = |n: Option<u64>| n.map(|n| round(n as f64 / 1e6));
+    Value::Array(
+        shedding
+            .routes()
+            .into_iter()
+            .map(|r| {
+                json!({
+                    "domain": r.domain,
+                    "route": r.route,
+                    "limit": r.limit,
+                    "in_flight": r.in_flight,
+                    "rtt_ms": ms(r.rtt),
+                    "min_rtt_ms": ms(r.min_rtt),
+                    "measuring": r.measuring,
+                    "shed": r.shed,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// System protection (`tollgate proxy`), or `null` while no rule file sets it.
+fn system_json(service: &Service) -> Value {
+    let Some(s) = service.metrics.shedding().and_then(|s| s.system()) else {
+        return Value::Null;
+    };
+    json!({
+        "in_flight": s.in_flight,
+        "capacity": s.capacity.map(round),
+        "cpu": s.cpu.map(round),
+        "max_cpu": s.max_cpu,
+        "cpu_level": s.cpu_level,
+        "shed": s.shed.iter().map(|(class, capacity, cpu)| json!({"class": class, "capacity": capacity, "cpu": cpu})).collect::<Vec<_>>(),
     })
 }
 

@@ -159,6 +159,17 @@ async fn serve(args: ProxyArgs) -> ExitCode {
     } else {
         layer
     };
+    // The host's CPU use, for `system_protection`'s `max_cpu` (one reading a second).
+    let layer = match tollgate::adaptive::ProcStat::start(std::time::Duration::from_secs(1)) {
+        Ok(cpu) => layer.with_cpu_gauge(Arc::new(cpu)),
+        Err(e) => {
+            warn!(
+                "cannot start reading the CPU use; system_protection's max_cpu sheds nothing: {e}"
+            );
+            layer
+        }
+    };
+    service.metrics.know_shedding(layer.shedding());
     if layer.route_count() == 0 {
         warn!("no rule file has an `http` section with routes: the gateway limits nothing and forwards every request (`serve` reads the same files without one)");
     }

@@ -1,5 +1,6 @@
-//! A response body that holds concurrency permits until it ends: the last frame sent,
-//! an error, or the client going away (the body is dropped) gives them back.
+//! A response body that holds the request's places until it ends: concurrency permits,
+//! its adaptive-concurrency places and its system-protection place. The last frame
+//! sent, an error, or the client going away (the body is dropped) gives them back.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -7,17 +8,48 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use super::adaptive::AdaptivePermit;
+use super::protection::SystemPermit;
+use crate::clock::Nanos;
 use crate::inflight::Permit;
 
-/// `B`, holding `permits` until it ends or is dropped.
+/// What a request holds while it is in flight.
+#[derive(Default)]
+pub(crate) struct Held {
+    pub permits: Vec<Permit>,
+    pub adaptive: Vec<AdaptivePermit>,
+    pub system: Option<SystemPermit>,
+}
+
+impl Held {
+    /// Whether it holds nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.permits.is_empty() && self.adaptive.is_empty() && self.system.is_none()
+    }
+
+    /// The upstream answered `status` at `now`: the latency goes to the controllers.
+    pub(crate) fn answered(&self, now: Nanos, status: u16) {
+        for a in &self.adaptive {
+            a.answered(now, status);
+        }
+        if let Some(s) = &self.system {
+            s.answered(now);
+        }
+    }
+}
+
+/// `B`, holding a request's places until it ends or is dropped.
 pub(crate) struct PermitBody<B> {
     inner: B,
-    permits: Vec<Permit>,
+    held: Option<Held>,
 }
 
 impl<B> PermitBody<B> {
-    pub(crate) fn new(inner: B, permits: Vec<Permit>) -> Self {
-        Self { inner, permits }
+    pub(crate) fn new(inner: B, held: Held) -> Self {
+        Self {
+            inner,
+            held: Some(held),
+        }
     }
 }
 
@@ -34,7 +66,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.permits.clear();
+            self.held = None;
         }
         polled
     }

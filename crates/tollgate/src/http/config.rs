@@ -44,6 +44,7 @@ use marked_yaml::Node;
 use serde::Deserialize;
 
 use super::path;
+use super::settings::{AdaptiveConcurrency, RawAdaptive, RawProtection, SystemProtection};
 use crate::rules::ConfigError;
 
 /// The gateway settings of one rule file (one domain).
@@ -63,6 +64,9 @@ pub struct HttpRules {
     pub allow: AccessList,
     /// Routes, tried in order; the first match applies. No match: not limited.
     pub routes: Vec<Route>,
+    /// The gateway's load shedding, if this section sets it (at most one section of a
+    /// rule set does).
+    pub system_protection: Option<SystemProtection>,
 }
 
 impl Default for HttpRules {
@@ -75,6 +79,7 @@ impl Default for HttpRules {
             deny: AccessList::default(),
             allow: AccessList::default(),
             routes: Vec::new(),
+            system_protection: None,
         }
     }
 }
@@ -118,9 +123,17 @@ pub struct Route {
     /// Concurrency limits: one descriptor per item, at most `limit` in flight each.
     #[serde(default)]
     pub max_in_flight: Vec<InFlightLimit>,
-    /// Sent instead of a 429 when the route's limits reject (degrade, don't fail).
+    /// Sent instead of a 429 when the route's limits reject (degrade, don't fail), and
+    /// instead of a 503 when its adaptive concurrency sheds.
     #[serde(default)]
     pub fallback: Option<Fallback>,
+    /// `adaptive_concurrency` as written; read into `adaptive_concurrency` when the
+    /// section loads.
+    #[serde(default, rename = "adaptive_concurrency")]
+    pub(crate) adaptive_raw: Option<RawAdaptive>,
+    /// The requests in flight to the upstream follow its latency (checked settings).
+    #[serde(skip)]
+    pub adaptive_concurrency: Option<AdaptiveConcurrency>,
 }
 
 /// Path prefix and methods, both optional, and how the path is compared.
@@ -302,6 +315,8 @@ struct Section {
     allow: AccessList,
     #[serde(default)]
     routes: Vec<Route>,
+    #[serde(default)]
+    system_protection: Option<RawProtection>,
 }
 
 /// Reads the `http` sections of the rule files `paths` names, as
@@ -361,6 +376,15 @@ pub(crate) fn from_node(
         .map(|s| s.iter().map(|n| *n.span()).collect::<Vec<_>>())
         .unwrap_or_default();
     let route_span = |i: usize| route_nodes.get(i).copied().unwrap_or(*node.span());
+    // A route's field's place, else the route's.
+    let route_field = |i: usize, name: &str| {
+        node.as_mapping()
+            .and_then(|m| m.get_sequence("routes"))
+            .and_then(|s| s.get(i))
+            .and_then(|r| r.as_mapping())
+            .and_then(|r| r.get_node(name))
+            .map_or(route_span(i), |n| *n.span())
+    };
     let section_field = |name: &str| {
         node.as_mapping()
             .and_then(|m| m.get_node(name))
@@ -438,7 +462,27 @@ pub(crate) fn from_node(
                 )));
             }
         }
+        if let Some(raw) = route.adaptive_raw.take() {
+            let span = route_field(i, "adaptive_concurrency");
+            route.adaptive_concurrency = Some(raw.check().map_err(|why| {
+                at(
+                    &span,
+                    format!("http.routes[{i}].adaptive_concurrency: {why}"),
+                )
+            })?);
+        }
     }
+    let system_protection = match &section.system_protection {
+        None => None,
+        Some(raw) => {
+            let span = section_field("system_protection");
+            let line = span.start().map_or(0, |m| m.line());
+            Some(
+                raw.check(file, line)
+                    .map_err(|why| at(&span, format!("http.system_protection: {why}")))?,
+            )
+        }
+    };
     Ok(Some(HttpRules {
         domain: domain.to_string(),
         trusted_proxies: section.trusted_proxies,
@@ -447,6 +491,7 @@ pub(crate) fn from_node(
         deny: section.deny,
         allow: section.allow,
         routes,
+        system_protection,
     }))
 }
 
@@ -577,6 +622,125 @@ http:
         assert_eq!((e.file.as_str(), e.line), ("e.yaml", 6), "{e}");
         assert!(e.message.contains("cost"), "{e}");
         assert!(e.message.contains("request_bytes"), "{e}");
+    }
+
+    #[test]
+    fn adaptive_concurrency_is_read_and_bad_settings_are_placed() {
+        let route = |settings: &str| {
+            format!(
+                "domain: e\nhttp:\n  routes:\n    - match: {{path_prefix: /a/}}\n    - match: {{path_prefix: /b/}}\n      adaptive_concurrency: {settings}\n"
+            )
+        };
+        let r = from_str(
+            "e.yaml",
+            &route("{min_limit: 5, max_limit: 50, interval: 250ms, buffer: 10%, exclude: [502]}"),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.routes[0].adaptive_concurrency, None);
+        let a = r.routes[1].adaptive_concurrency.clone().unwrap();
+        assert_eq!((a.settings.min_limit, a.settings.max_limit), (5, 50));
+        assert_eq!(a.settings.interval, std::time::Duration::from_millis(250));
+        assert_eq!(a.settings.buffer, 0.1);
+        assert_eq!(a.settings.percentile, 0.5);
+        assert_eq!(a.exclude, [502]);
+        for (settings, says) in [
+            ("{min_limit: 0}", "`min_limit` must be at least 1"),
+            (
+                "{min_limit: 10, max_limit: 5}",
+                "`max_limit` (5) must be from `min_limit` (10)",
+            ),
+            ("{interval: soon}", "`interval: soon` is not a duration"),
+            ("{interval: 1ms}", "`interval: 1ms` must be from"),
+            (
+                "{min_rtt_interval: 10ms, interval: 1s}",
+                "`min_rtt_interval: 10ms` must be from",
+            ),
+            ("{buffer: 25}", "`buffer: 25` is not a percentage"),
+            ("{percentile: 0%}", "`percentile: 0%` must be from"),
+            ("{exclude: [99]}", "`exclude`: 99 is not an HTTP status"),
+            (
+                "{min_rtt_samples: 0}",
+                "`min_rtt_samples` (0) must be from 1",
+            ),
+        ] {
+            let e = error("e.yaml", &route(settings));
+            assert_eq!((e.file.as_str(), e.line), ("e.yaml", 6), "{e}");
+            assert!(
+                e.message
+                    .starts_with("http.routes[1].adaptive_concurrency: "),
+                "{e}"
+            );
+            assert!(e.message.contains(says), "{settings}: {e}");
+        }
+        let e = error("e.yaml", &route("{limit: 4}"));
+        assert_eq!(e.line, 6, "{e}");
+        assert!(e.message.contains("limit"), "{e}");
+    }
+
+    #[test]
+    fn system_protection_is_read_and_bad_settings_are_placed() {
+        let section = |settings: &str| {
+            format!("domain: e\nhttp:\n  routes: []\n  system_protection: {settings}\n")
+        };
+        let r = from_str(
+            "e.yaml",
+            &section("{max_cpu: 85%, exempt: [/healthz], priority: {header: x-priority, classes: [gold, bronze]}}"),
+        )
+        .unwrap()
+        .unwrap();
+        let p = r.system_protection.unwrap();
+        assert_eq!(p.settings.max_cpu, Some(0.85));
+        assert!(p.settings.capacity);
+        assert_eq!(p.settings.classes, 2);
+        assert_eq!((p.file.as_str(), p.line), ("e.yaml", 4));
+        // A request naming no class is of the lowest when no default is given.
+        assert_eq!(p.rank(&http::HeaderMap::new()), 1);
+        assert!(p.is_exempt("/healthz/deep"));
+        for (settings, says) in [
+            ("{max_cpu: 0%}", "`max_cpu: 0%` must be from 1% to 100%"),
+            ("{capacity: false}", "sheds nothing"),
+            ("{exempt: [healthz]}", "does not start with `/`"),
+            (
+                "{priority: {header: 'a b', classes: [x]}}",
+                "not a valid header name",
+            ),
+            (
+                "{priority: {header: p, classes: []}}",
+                "from 1 to 64 classes",
+            ),
+            (
+                "{priority: {header: p, classes: [x, x]}}",
+                "`x` is named twice",
+            ),
+            (
+                "{priority: {header: p, classes: [x], default_class: y}}",
+                "`priority.default_class: y` is not one of the classes (x)",
+            ),
+            ("{max_cpus: 80%}", "max_cpus"),
+        ] {
+            let e = error("e.yaml", &section(settings));
+            assert_eq!((e.file.as_str(), e.line), ("e.yaml", 4), "{e}");
+            assert!(e.message.contains(says), "{settings}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_one_file_sets_system_protection() {
+        let file = |d: &str| format!("domain: {d}\nhttp:\n  system_protection: {{max_cpu: 90%}}\n");
+        let dir = std::env::temp_dir().join(format!("tollgate-sysprot-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), file("a")).unwrap();
+        std::fs::write(dir.join("b.yaml"), file("b")).unwrap();
+        let errors = load(&[&dir], crate::rules::LoadOptions::default())
+            .unwrap_err()
+            .0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let e = &errors[0];
+        assert!(e.file.ends_with("b.yaml") && e.line == 3, "{e}");
+        assert!(e.message.contains("a.yaml:3"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A route whose request the limiter would refuse (past its default caps) is

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::config::HttpRules;
 use super::observer::DecisionObserver;
+use super::shedding::Shedding;
 use crate::headers::HeaderSettings;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -21,12 +22,14 @@ pub(crate) struct Gate<S, I> {
     pub fixed: Option<Arc<Vec<HttpRules>>>,
     /// Refuse an HTTP/1.1 request without `Host` (400) before deciding on it.
     pub require_host: bool,
+    /// Adaptive concurrency and system protection.
+    pub shedding: Arc<Shedding>,
 }
 
 /// The rules one request is decided by: the routes and the limits of one load.
 pub(crate) struct Snapshot {
     pub set: Arc<RuleSet>,
-    fixed: Option<Arc<Vec<HttpRules>>>,
+    pub fixed: Option<Arc<Vec<HttpRules>>>,
 }
 
 impl Snapshot {

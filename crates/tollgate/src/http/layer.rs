@@ -6,6 +6,8 @@ use super::config::HttpRules;
 use super::gate::Gate;
 use super::observer::DecisionObserver;
 use super::service::RateLimit;
+use super::shedding::Shedding;
+use crate::adaptive::CpuGauge;
 use crate::headers::HeaderSettings;
 use crate::inflight::{InFlight, MemoryInFlight};
 use crate::limiter::Limiter;
@@ -54,6 +56,7 @@ impl<S, I> RateLimitLayer<S, I> {
                 observer: None,
                 fixed,
                 require_host: false,
+                shedding: Arc::new(Shedding::new(None)),
             }),
         }
     }
@@ -65,7 +68,13 @@ impl<S, I> RateLimitLayer<S, I> {
         headers: HeaderSettings,
         observer: Option<Arc<dyn DecisionObserver>>,
     ) -> RateLimitLayer<S, J> {
-        self.rebuild_with(inflight, headers, observer, self.gate.require_host)
+        self.rebuild_with(
+            inflight,
+            headers,
+            observer,
+            self.gate.require_host,
+            Arc::clone(&self.gate.shedding),
+        )
     }
 
     fn rebuild_with<J>(
@@ -74,6 +83,7 @@ impl<S, I> RateLimitLayer<S, I> {
         headers: HeaderSettings,
         observer: Option<Arc<dyn DecisionObserver>>,
         require_host: bool,
+        shedding: Arc<Shedding>,
     ) -> RateLimitLayer<S, J> {
         let g = &self.gate;
         RateLimitLayer {
@@ -84,6 +94,7 @@ impl<S, I> RateLimitLayer<S, I> {
                 observer,
                 fixed: g.fixed.clone(),
                 require_host,
+                shedding,
             }),
         }
     }
@@ -122,7 +133,27 @@ impl<S, I> RateLimitLayer<S, I> {
             self.gate.headers,
             self.gate.observer.clone(),
             required,
+            Arc::clone(&self.gate.shedding),
         )
+    }
+
+    /// Read the host's CPU use from `gauge` for `system_protection`'s `max_cpu` (e.g.
+    /// [`ProcStat`](crate::adaptive::ProcStat)); without one the CPU rule sheds
+    /// nothing. Call it before the layer serves: what was measured starts again.
+    pub fn with_cpu_gauge(self, gauge: Arc<dyn CpuGauge>) -> Self {
+        self.rebuild_with(
+            Arc::clone(&self.gate.inflight),
+            self.gate.headers,
+            self.gate.observer.clone(),
+            self.gate.require_host,
+            Arc::new(Shedding::new(Some(gauge))),
+        )
+    }
+
+    /// The layer's load shedding as it is now: each route's adaptive concurrency and
+    /// the system protection, for metrics and dashboards.
+    pub fn shedding(&self) -> Arc<Shedding> {
+        Arc::clone(&self.gate.shedding)
     }
 
     /// Tell `observer` of every decision (the request built, the answer, the time the

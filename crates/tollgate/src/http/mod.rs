@@ -40,6 +40,7 @@
 //! - [`observer`]: [`DecisionObserver`], told of every decision (metrics).
 
 pub mod actions;
+mod adaptive;
 mod bandwidth;
 mod body;
 pub mod client_ip;
@@ -48,11 +49,17 @@ mod gate;
 mod layer;
 pub mod observer;
 pub mod path;
+mod protection;
 mod service;
+pub mod settings;
+mod shedding;
 
 pub use crate::headers;
+pub use adaptive::RouteStats;
 pub use client_ip::client_ip;
 pub use config::HttpRules;
 pub use layer::RateLimitLayer;
 pub use observer::DecisionObserver;
+pub use protection::SystemStats;
 pub use service::RateLimit;
+pub use shedding::Shedding;

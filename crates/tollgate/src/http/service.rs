@@ -40,13 +40,14 @@ use http::{HeaderValue, Request, Response, StatusCode, Uri};
 
 use super::actions::{descriptor, query_repeated, RequestView};
 use super::bandwidth::{Meter, MeteredBody};
-use super::body::PermitBody;
+use super::body::{Held, PermitBody};
 use super::client_ip::client_ip;
 use super::config::{AccessList, Action, Cost, Fallback, HttpRules};
 use super::gate::Gate;
 use super::path::{PathError, RequestPath};
+use crate::adaptive::Shed;
 use crate::headers::{append_to, headers, problem_body};
-use crate::inflight::{InFlight, Permit};
+use crate::inflight::InFlight;
 use crate::limiter::{Code, Descriptor, RateLimitRequest, RateLimitResponse};
 use crate::rules::RuleSet;
 use crate::store::Store;
@@ -68,13 +69,13 @@ impl<Svc: Clone, S, I> Clone for RateLimit<Svc, S, I> {
 
 /// What the gate decided for a request before it reaches the inner service.
 enum Verdict {
-    /// Forward, after `delay`, adding `headers`, holding `permits`; charge the body's
-    /// bytes as it streams to the `request_bytes` descriptors of `meters` (one request
-    /// per section), by the rule set `set`.
+    /// Forward, after `delay`, adding `headers`, holding `held` (permits and places);
+    /// charge the body's bytes as it streams to the `request_bytes` descriptors of
+    /// `meters` (one request per section), by the rule set `set`.
     Pass {
         delay: Duration,
         headers: Vec<(&'static str, String)>,
-        permits: Vec<Permit>,
+        held: Held,
         meters: Vec<RateLimitRequest>,
         set: Arc<RuleSet>,
     },
@@ -128,17 +129,23 @@ where
                 Verdict::Pass {
                     delay,
                     headers,
-                    permits,
+                    held,
                     meters,
                     set,
                 } => {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
+                    let shedding = Arc::clone(&gate.shedding);
+                    let answered = move |response: &Response<ResBody>| {
+                        held.answered(shedding.now(), response.status().as_u16());
+                        held
+                    };
                     if meters.is_empty() {
                         let request = Request::from_parts(parts, body);
                         let response = inner.call(request).await?;
-                        return Ok(answer(response, headers, permits));
+                        let held = answered(&response);
+                        return Ok(answer(response, headers, held));
                     }
                     let (refused, mut refusal) = tokio::sync::oneshot::channel();
                     let meter = Meter {
@@ -164,7 +171,11 @@ where
                         refused = waiting => Ok(refused),
                         response = &mut call => match refusal.try_recv() {
                             Ok(refused) => Ok(refused),
-                            Err(_) => Ok(answer(response?, headers, permits)),
+                            Err(_) => {
+                                let response = response?;
+                                let held = answered(&response);
+                                Ok(answer(response, headers, held))
+                            }
                         },
                     }
                 }
@@ -173,12 +184,12 @@ where
     }
 }
 
-/// The inner service's `response` with the RateLimit fields added, holding `permits`
+/// The inner service's `response` with the RateLimit fields added, holding `held`
 /// until its body ends.
 fn answer<ResBody>(
     mut response: Response<ResBody>,
     headers: Vec<(&'static str, String)>,
-    permits: Vec<Permit>,
+    held: Held,
 ) -> Response<Body>
 where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -187,10 +198,10 @@ where
     append_to(response.headers_mut(), headers);
     let (parts, body) = response.into_parts();
     let body = Body::new(body);
-    if permits.is_empty() {
+    if held.is_empty() {
         return Response::from_parts(parts, body);
     }
-    Response::from_parts(parts, Body::new(PermitBody::new(body, permits)))
+    Response::from_parts(parts, Body::new(PermitBody::new(body, held)))
 }
 
 /// The peer address axum (`into_make_service_with_connect_info`) or the caller put in
@@ -233,10 +244,20 @@ async fn decide<S: Store, I: InFlight>(
     if let Some(why) = ambiguous(request, sections, gate.require_host) {
         return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
     }
+    let shedding = &gate.shedding;
+    let bound = shedding.bind(&snapshot);
+    let mut held = Held::default();
+    match shedding
+        .guard()
+        .admit(shedding.now(), path.normal(), &request.headers)
+    {
+        Ok(place) => held.system = place,
+        Err(why) => return Verdict::Answer(shed_by_system(why)),
+    }
     let peer = peer(request);
-    let (mut delay, mut out_headers, mut permits) = (Duration::ZERO, Vec::new(), Vec::new());
+    let (mut delay, mut out_headers) = (Duration::ZERO, Vec::new());
     let mut meters = Vec::new();
-    for section in sections {
+    for (s, section) in sections.iter().enumerate() {
         let client = client_ip(
             peer,
             &request.headers,
@@ -254,9 +275,10 @@ async fn decide<S: Store, I: InFlight>(
         if listed(&section.deny, &view, section) {
             return Verdict::Answer(forbidden());
         }
-        let Some(route) = section.routes.iter().find(|r| r.matches(&view)) else {
+        let Some(r) = section.routes.iter().position(|r| r.matches(&view)) else {
             continue;
         };
+        let route = &section.routes[r];
         if listed(&section.allow, &view, section) {
             continue;
         }
@@ -267,7 +289,7 @@ async fn decide<S: Store, I: InFlight>(
             };
             let key = inflight_key(&section.domain, &entries);
             match gate.inflight.acquire(&key, limit.limit).await {
-                Ok(Some(permit)) => permits.push(permit),
+                Ok(Some(permit)) => held.permits.push(permit),
                 // The emergency switch: a domain in shadow is let through its
                 // concurrency caps too.
                 Ok(None) if gate.limiter.enforcement().is_shadow(&section.domain) => {
@@ -277,6 +299,22 @@ async fn decide<S: Store, I: InFlight>(
                 Err(e) => {
                     // Concurrency limits fail open: the rate limits still apply.
                     tracing::warn!(error = %e, "in-flight permits unavailable; admitting");
+                }
+            }
+        }
+        // The route's adaptive concurrency: a place, else 503 (or the fallback). Taken
+        // before the rate limits, so that a request shed here is not charged.
+        if let Some(route_limit) = bound.route(s, r) {
+            match route_limit.try_acquire(shedding.now()) {
+                Some(place) => held.adaptive.push(place),
+                None if gate.limiter.enforcement().is_shadow(&section.domain) => {
+                    tracing::debug!(domain = %section.domain, "over its adaptive concurrency limit, let through: the domain is in shadow (emergency switch)");
+                }
+                None => {
+                    return Verdict::Answer(match &route.fallback {
+                        Some(f) => fallback(f, Vec::new()),
+                        None => shed_by_route(),
+                    })
                 }
             }
         }
@@ -372,7 +410,7 @@ async fn decide<S: Store, I: InFlight>(
     Verdict::Pass {
         delay,
         headers: out_headers,
-        permits,
+        held,
         meters,
         set: Arc::clone(&snapshot.set),
     }
@@ -534,6 +572,31 @@ fn too_many_in_flight(limit: u64) -> Response<Body> {
     r.headers_mut()
         .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
+}
+
+/// 503 with `Retry-After: 1`: the gateway sheds load.
+fn unavailable(detail: &str) -> Response<Body> {
+    let mut r = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Service Unavailable",
+        detail,
+    );
+    r.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+fn shed_by_route() -> Response<Body> {
+    unavailable(
+        "the upstream is at its adaptive concurrency limit: its latency shows it is queueing",
+    )
+}
+
+fn shed_by_system(why: Shed) -> Response<Body> {
+    unavailable(match why {
+        Shed::Capacity => "the gateway is shedding load: more requests are in flight than the upstream can answer without queueing",
+        Shed::Cpu => "the gateway is shedding load: the host's CPU is above its threshold",
+    })
 }
 
 fn fallback(f: &Fallback, fields: Vec<(&'static str, String)>) -> Response<Body> {

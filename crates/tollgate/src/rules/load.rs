@@ -112,6 +112,27 @@ fn no_place(path: &Path, message: String) -> ConfigError {
     }
 }
 
+/// At most one `http` section of a rule set may set `system_protection`: it is the
+/// whole gateway's. A second one is an error at its place.
+#[cfg(feature = "tower")]
+fn one_system_protection(http: &[crate::http::HttpRules], errors: &mut Vec<ConfigError>) {
+    let mut set = http.iter().filter_map(|h| h.system_protection.as_ref());
+    let Some(first) = set.next() else {
+        return;
+    };
+    for again in set {
+        errors.push(ConfigError {
+            file: again.file.clone(),
+            line: again.line,
+            column: 0,
+            message: format!(
+                "http.system_protection: already set in {}:{}; it protects the whole gateway, so one file sets it",
+                first.file, first.line
+            ),
+        });
+    }
+}
+
 fn build(
     files: &[(String, &str)],
     options: LoadOptions,
@@ -143,6 +164,7 @@ fn build(
     let mut set = RuleSet::default();
     #[cfg(feature = "tower")]
     {
+        one_system_protection(&http, &mut errors);
         set.http = http;
     }
     for (name, drafts) in by_domain {

@@ -60,6 +60,8 @@
 
 mod compile;
 mod draft;
+#[cfg(feature = "tower")]
+pub(crate) use draft::parse_duration;
 mod error;
 mod failure;
 mod load;
