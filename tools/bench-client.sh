@@ -49,6 +49,7 @@ limit="${LIMIT:-100}"
 pause="${PAUSE:-2}"
 threads="${THREADS:-2}"
 modes="${MODES:-immediate crate}"
+# shellcheck disable=SC2034 # read by lib.sh's stop_all_and_clean
 keep_tmp="${KEEP_TMP:-}"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 tg_bin="${TOLLGATE_BIN:-$target_dir/release/tollgate}"
@@ -70,43 +71,7 @@ fi
 
 # Process bookkeeping: only processes this script started are ever signalled, by pid.
 work="$(mktemp -d -t bench-client.XXXXXX)"
-chmod 755 "$work"
-started=()
-alive() {
-  local stat
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ "${stat%% *}" != Z ]]
-}
-stop_pid() {
-  local pid="$1" kids i c
-  kids="$(pgrep -P "$pid" 2>/dev/null || true)"
-  if alive "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-      alive "$pid" || break
-      sleep 0.1
-    done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  fi
-  wait "$pid" 2>/dev/null || true
-  for c in $kids; do
-    if alive "$c" && [[ "$(cat "/proc/$c/comm" 2>/dev/null)" == nginx ]]; then
-      kill -KILL "$c" 2>/dev/null || true
-    fi
-  done
-  local rest=() p
-  for p in "${started[@]}"; do [[ "$p" == "$pid" ]] || rest+=("$p"); done
-  started=("${rest[@]}")
-}
-cleanup() {
-  local i
-  for ((i = ${#started[@]} - 1; i >= 0; i--)); do stop_pid "${started[i]}" || true; done
-  if [[ -n "$keep_tmp" ]]; then log "kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+begin_run 'stop_all_and_clean 5'
 
 wait_http() { # URL LOG
   for _ in $(seq 1 100); do

@@ -69,6 +69,7 @@ skip_tollgate=""
 [[ -n "${SKIP_TOLLGATE:-}" && "${SKIP_TOLLGATE}" != "0" ]] && skip_tollgate=1
 tg_bin="${TOLLGATE_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/tollgate}"
 nginx_bin="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
+# shellcheck disable=SC2034 # read by lib.sh's stop_all_and_clean
 keep_tmp="${KEEP_TMP:-}"
 
 bench_name=bench-proxy
@@ -102,73 +103,19 @@ fi
 # signalled: their pids are recorded when they start (nginx masters; their workers are
 # found as children of those masters), never looked up by name.
 # ---------------------------------------------------------------------------------
-work="$(mktemp -d -t bench-proxy.XXXXXX)"
-# nginx workers may run as another user (www-data when started as root): let them reach
-# the temp dirs nginx creates under its prefix.
-chmod 755 "$work"
-started=() # pids of long-running servers this script started and has not stopped yet
 wrk_pid="" # the wrk run in progress, if any
-
-# True if PID exists and is not a zombie (kill -0 succeeds on zombies, which our own
-# children are until they are waited for).
-alive() {
-  local stat
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ "${stat%% *}" != Z ]]
-}
-
-# Stops PID (a server we started) with SIGTERM; after TIMEOUT seconds, SIGKILL. Its
-# children (nginx workers) are collected first and killed too if they outlive it.
-stop_pid() {
-  local pid="$1" timeout="${2:-10}" kids i c
-  kids="$(pgrep -P "$pid" 2>/dev/null || true)"
-  if alive "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < timeout * 10; i++)); do
-      alive "$pid" || break
-      sleep 0.1
-    done
-    if alive "$pid"; then
-      log "pid $pid did not stop within ${timeout}s; killing it"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
-  wait "$pid" 2>/dev/null || true
-  for c in $kids; do
-    for ((i = 0; i < 20; i++)); do
-      alive "$c" || break
-      sleep 0.1
-    done
-    if alive "$c" && [[ "$(cat "/proc/$c/comm" 2>/dev/null)" == nginx ]]; then
-      kill -KILL "$c" 2>/dev/null || true
-    fi
-  done
-  # Forget it.
-  local rest=() p
-  for p in "${started[@]}"; do [[ "$p" == "$pid" ]] || rest+=("$p"); done
-  started=("${rest[@]}")
-}
-
 cleanup() {
-  local i
   if [[ -n "$wrk_pid" ]]; then
     kill -TERM "$wrk_pid" 2>/dev/null || true
     wait "$wrk_pid" 2>/dev/null || true
   fi
   # Newest first: the proxies, then the upstream.
-  for ((i = ${#started[@]} - 1; i >= 0; i--)); do
-    stop_pid "${started[i]}" 5 || true
-  done
-  if [[ -n "$keep_tmp" ]]; then
-    log "kept $work"
-  else
-    rm -rf "$work"
-  fi
+  stop_all_and_clean 5
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# The temp dir, `started` (pids of long-running servers this script started and has not
+# stopped yet) and the traps.
+work="$(mktemp -d -t bench-proxy.XXXXXX)"
+begin_run cleanup
 
 tls="${TLS:-}"
 [[ "$tls" == 0 ]] && tls=""
@@ -365,23 +312,6 @@ quote() { local a out=""; for a in "$@"; do out+="$(printf '%q' "$a") "; done; e
 # ---------------------------------------------------------------------------------
 # Starting servers
 # ---------------------------------------------------------------------------------
-# Polls URL until it answers 200 (up to 10 s); dies if PID exits first or on timeout.
-wait_ready() { # NAME PID URL LOG
-  local name="$1" pid="$2" url="$3" logf="$4" code="" deadline
-  deadline=$(($(date +%s%N) + 10000000000))
-  while (($(date +%s%N) < deadline)); do
-    if ! alive "$pid"; then
-      cat "$logf" >&2 2>/dev/null || true
-      die "$name exited before answering on $url"
-    fi
-    code="$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)"
-    [[ "$code" == 200 ]] && return 0
-    sleep 0.1
-  done
-  cat "$logf" >&2 2>/dev/null || true
-  die "$name did not answer 200 on $url within 10 s (last status: ${code:-none})"
-}
-
 # Starts an nginx from its command array; sets started_pid. Its stderr goes to LOG.
 start_nginx() { # NAME URL LOG CMD...
   local name="$1" url="$2" logf="$3"

@@ -65,3 +65,98 @@ steal_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print
 
 # Percent of CPU time stolen between two steal_jiffies snapshots: stolen S0 T0 S1 T1.
 stolen() { awk -v s0="$1" -v t0="$2" -v s1="$3" -v t1="$4" 'BEGIN { printf "%.1f %%", (t1 > t0 ? 100 * (s1 - s0) / (t1 - t0) : 0) }'; }
+
+# Process bookkeeping for scripts that start servers: the script keeps the pids of the
+# servers it started and has not stopped yet in an array `started` (oldest first), its
+# temp dir in `work` and KEEP_TMP in `keep_tmp`. Only those pids are ever signalled,
+# never a process looked up by name.
+
+# True if PID exists and is not a zombie (kill -0 succeeds on zombies, which our own
+# children are until they are waited for).
+alive() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [[ "${stat%% *}" != Z ]]
+}
+
+# Stops PID (a server we started) with SIGTERM; after TIMEOUT seconds (10), SIGKILL. Its
+# children (nginx workers) are collected first and killed too if they outlive it; then
+# it is dropped from `started`.
+# shellcheck disable=SC2154 # started is the caller's
+stop_pid() { # PID [TIMEOUT]
+  local pid="$1" timeout="${2:-10}" kids i c
+  kids="$(pgrep -P "$pid" 2>/dev/null || true)"
+  if alive "$pid"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 10; i++)); do
+      alive "$pid" || break
+      sleep 0.1
+    done
+    if alive "$pid"; then
+      log "pid $pid did not stop within ${timeout}s; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$pid" 2>/dev/null || true
+  for c in $kids; do
+    for ((i = 0; i < 20; i++)); do
+      alive "$c" || break
+      sleep 0.1
+    done
+    if alive "$c" && [[ "$(cat "/proc/$c/comm" 2>/dev/null)" == nginx ]]; then
+      kill -KILL "$c" 2>/dev/null || true
+    fi
+  done
+  local rest=() p
+  for p in "${started[@]}"; do [[ "$p" == "$pid" ]] || rest+=("$p"); done
+  started=("${rest[@]}")
+}
+
+# Starts a run's bookkeeping, once the caller has made its temp dir `work`: makes it
+# readable by all (nginx workers running as another user, www-data when started as root,
+# must reach the dirs nginx creates under it), empties `started`, and sets the traps: on
+# exit the command CLEANUP (usually 'stop_all_and_clean 5'), on INT and TERM exit 130
+# and 143.
+# shellcheck disable=SC2034,SC2154 # work is the caller's; started is read by it and below
+begin_run() { # CLEANUP
+  chmod 755 "$work"
+  started=()
+  # shellcheck disable=SC2064 # the command is fixed now, on purpose
+  trap "$1" EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+# The end of a run (from an EXIT trap): stops every server in `started`, newest first
+# (each as stop_pid, TIMEOUT seconds), then removes `work` unless `keep_tmp` is set.
+# shellcheck disable=SC2154 # started, work and keep_tmp are the caller's
+stop_all_and_clean() { # [TIMEOUT]
+  local i
+  for ((i = ${#started[@]} - 1; i >= 0; i--)); do
+    stop_pid "${started[i]}" "${1:-10}" || true
+  done
+  if [[ -n "${keep_tmp:-}" ]]; then
+    log "kept $work"
+  else
+    rm -rf "$work"
+  fi
+}
+
+# Polls URL until it answers 200 (up to 10 s); dies if PID exits first or on timeout,
+# showing LOG.
+wait_ready() { # NAME PID URL LOG
+  local name="$1" pid="$2" url="$3" logf="$4" code="" deadline
+  deadline=$(($(date +%s%N) + 10000000000))
+  while (($(date +%s%N) < deadline)); do
+    if ! alive "$pid"; then
+      cat "$logf" >&2 2>/dev/null || true
+      die "$name exited before answering on $url"
+    fi
+    code="$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)"
+    [[ "$code" == 200 ]] && return 0
+    sleep 0.1
+  done
+  cat "$logf" >&2 2>/dev/null || true
+  die "$name did not answer 200 on $url within 10 s (last status: ${code:-none})"
+}

@@ -28,7 +28,9 @@ use hyper_util::rt::TokioExecutor;
 use tollgate_client::{Precheck, RetryLayer, WhenExhausted};
 use tower::{Layer as _, Service, ServiceExt as _};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../bin_main.rs"]
+mod bin_main;
+use bin_main::{main_with, BoxError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -76,22 +78,7 @@ struct Counts {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.threads.max(1))
-        .enable_all()
-        .build();
-    let result = match rt {
-        Ok(rt) => rt.block_on(run(cli)),
-        Err(e) => Err(e.into()),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-callers: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    main_with("bench-callers", |cli: &Cli| cli.threads, run)
 }
 
 async fn run(cli: Cli) -> Result<(), BoxError> {
