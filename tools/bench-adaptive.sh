@@ -28,7 +28,12 @@
 #   with      CLIENTS through the gateway, the route with adaptive_concurrency (below);
 #             a fresh upstream whose schedule doubles C at DURATION/3 and halves it back
 #             at 2*DURATION/3 (10 s and 20 s of 30). Skipped, with a note, by a tollgate
-#             that refuses adaptive_concurrency.
+#             that refuses adaptive_concurrency;
+#   wrk       the cross-check with a client we did not write: wrk (CLIENTS connections,
+#             WRK_THREADS threads, tools/wrk-shed.lua: after a 503 a thread waits
+#             SHED_PAUSE_MS) through the gateway with adaptive_concurrency, C fixed; the
+#             upstream's throughput is its own count (`GET /served`), the latency wrk's
+#             over every answer (503s included: wrk cannot tell them apart).
 # Each run's timeline (every 100 ms: 2xx, 503, the gateway's limit from /v1/stats, the
 # upstream's C from /capacity) is analysed by tools/adaptive-settle.py: the settling
 # times after each change of C (until the limit stays within +-20 % of its median over
@@ -51,14 +56,15 @@
 # Usage: tools/bench-adaptive.sh
 # Environment (all optional):
 #   DURATION (30, seconds)  CLIENTS (200)  WORKERS (20, C)  SERVICE_MS (5, S)
-#   UNLOADED_DURATION (3)  SHED_PAUSE_MS (10)  MODES ("direct without with")
+#   UNLOADED_DURATION (3)  SHED_PAUSE_MS (10)  MODES ("direct without with wrk")
+#   WRK_THREADS (2)
 #   PROXY_WORKERS (1)  LOAD_THREADS (1)  UPSTREAM_THREADS (1)  PAUSE (2, seconds between runs)
 #   SCHEDULE (default "<DURATION/3>s=<2*WORKERS>,<2*DURATION/3>s=<WORKERS>")
 #   MIN_LIMIT (3)  MAX_LIMIT (1000)  INTERVAL (100ms)  MIN_RTT_INTERVAL (30s)
 #   MIN_RTT_SAMPLES (50)  BUFFER (25, %)  PERCENTILE (50, %)
 #   TOLLGATE_BIN, SLOW_UPSTREAM_BIN, ADAPTIVE_LOAD_BIN (default: $CARGO_TARGET_DIR or
 #   <repo>/target, then release/...; built with cargo if missing)  KEEP_TMP=1  OUT=path
-# Needs: curl, python3, cargo (if a binary is missing).
+# Needs: curl, python3, wrk (for the wrk run), cargo (if a binary is missing).
 set -euo pipefail
 
 # shellcheck disable=SC2034 # read by lib.sh's die()
@@ -89,7 +95,8 @@ min_rtt_samples="${MIN_RTT_SAMPLES:-50}"
 buffer="${BUFFER:-25}"
 percentile="${PERCENTILE:-50}"
 # The session: which runs, the pause between them, where things are and go.
-modes="${MODES:-direct without with}"
+modes="${MODES:-direct without with wrk}"
+wrk_threads="${WRK_THREADS:-2}"
 pause="${PAUSE:-2}"
 keep_tmp="${KEEP_TMP:-}"
 out_svg="${OUT:-}"
@@ -103,7 +110,8 @@ for tool in curl python3 pgrep; do
   command -v "$tool" >/dev/null || die "$tool is required"
 done
 for m in $modes; do
-  [[ "$m" == direct || "$m" == without || "$m" == with ]] || die "unknown mode '$m' (direct, without, with)"
+  [[ "$m" == direct || "$m" == without || "$m" == with || "$m" == wrk ]] || die "unknown mode '$m' (direct, without, with, wrk)"
+  [[ "$m" != wrk ]] || command -v wrk >/dev/null || die "wrk not found (apt-get install -y wrk)"
 done
 [[ "$duration" =~ ^[1-9][0-9]*$ ]] || die "DURATION must be a whole number of seconds"
 
@@ -272,6 +280,23 @@ for mode in $modes; do
       stop_pid "$tg_pid" 5
       stop_pid "$up_pid" 5
       ;;
+    wrk)
+      [[ -z "$with_refused" ]] || continue
+      up_addr="$steady_addr"
+      start_proxy wrk "$work/with.yaml"
+      served0="$(curl -fsS "http://$steady_addr/served")"
+      log "run wrk: wrk -t $wrk_threads -c $clients -d ${duration}s -s tools/wrk-shed.lua $tg_url -- $shed_pause_ms"
+      read -r s0 t0 < <(steal_jiffies)
+      wrk_out="$(wrk -t "$wrk_threads" -c "$clients" -d "${duration}s" -s "$root/tools/wrk-shed.lua" \
+        "$tg_url" -- "$shed_pause_ms")" || die "wrk failed"
+      read -r s1 t1 < <(steal_jiffies)
+      served1="$(curl -fsS "http://$steady_addr/served")"
+      stop_pid "$tg_pid" 5
+      wrk_status="$(grep -m 1 '^STATUS' <<<"$wrk_out")" || die "wrk printed no STATUS line"
+      wrk_steal="$(stolen "$s0" "$t0" "$s1" "$t1")"
+      wrk_load="$(cut -d' ' -f1-3 /proc/loadavg)"
+      continue
+      ;;
   esac
   result_by["$mode"]="$load_out"
   ran+=("$mode")
@@ -308,6 +333,24 @@ for mode in "${ran[@]}"; do
     }'
 done
 echo
+if [[ -n "${wrk_status:-}" ]]; then
+  kv() { sed -nE "s/.*\\b$1=([0-9]+).*/\\1/p" <<<"$wrk_status"; }
+  echo "### Cross-check: wrk through the gateway with adaptive_concurrency (C fixed at $workers)"
+  echo
+  echo "\`wrk -t $wrk_threads -c $clients -d ${duration}s -s tools/wrk-shed.lua URL -- $shed_pause_ms\`; upstream 2xx/s is the upstream's own count (\`/served\`); wrk's latency is over every answer, 503s included."
+  echo
+  echo "| client | 2xx/s (wrk) | upstream served/s | served / capacity | shed share | p50 all answers | p99 all answers | steal | load avg after |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+  awk -v ok="$(kv ok)" -v shed="$(kv shed)" -v other="$(kv other)" -v p50="$(kv p50_us)" -v p99="$(kv p99_us)" \
+    -v served=$((served1 - served0)) -v secs="$duration" -v cap="$(awk -v c="$workers" -v s="$service_ms" 'BEGIN { print c * 1000 / s }')" \
+    -v steal="$wrk_steal" -v la="$wrk_load" 'BEGIN {
+      total = ok + shed + other
+      printf "| wrk | %.0f | %.0f | %.1f %% | %.1f %% | %.2f ms | %.2f ms | %s | %s |\n",
+        ok / secs, served / secs, 100 * served / secs / cap, (total > 0 ? 100 * shed / total : 0),
+        p50 / 1000, p99 / 1000, steal, la
+    }'
+  echo
+fi
 if [[ -n "$with_refused" ]]; then
   echo "The \`with\` run was skipped: this tollgate refuses the rule file (\`$with_refused\`)."
   echo "Run it with a tollgate that has adaptive_concurrency: rebuild (\`cargo build --release -p tollgate-server\`)"

@@ -172,10 +172,93 @@ async fn a_hot_cpu_sheds_the_lowest_class_first_and_never_the_health_check() {
     // Cool readings let them back in, highest first.
     cpu.set(Some(0.2));
     assert_eq!(statuses().await, [200, 503, 503, 200]);
+    // Readings that come between requests count too: two more, two classes back.
     cpu.set(Some(0.2));
-    cpu.set(Some(0.2));
-    // Only the last reading is seen: one class back per reading seen.
-    assert_eq!(statuses().await, [200, 200, 503, 200]);
     cpu.set(Some(0.2));
     assert_eq!(statuses().await, [200, 200, 200, 200]);
+    // A reading that cannot be read sheds nothing.
+    cpu.set(Some(0.95));
+    assert_eq!(statuses().await, [200, 200, 503, 200]);
+    cpu.set(None);
+    assert_eq!(statuses().await, [200, 200, 200, 200]);
+}
+
+/// A response that streams for as long as the client reads holds no adaptive place once
+/// its head has come: long streams do not make the route shed, nor keep its minimum RTT
+/// from being measured.
+#[tokio::test]
+async fn a_streaming_response_gives_its_place_back_at_its_head() {
+    let layer = layer(rules_file("stream", ADAPTIVE));
+    let shedding = layer.shedding();
+    let app = queueing_app(4, &["/api/work"])
+        .route(
+            "/api/stream",
+            axum::routing::get(|| async {
+                let endless =
+                    futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+                axum::body::Body::from_stream(endless)
+            }),
+        )
+        .layer(layer);
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    // Three open streams, with the limit at 2 while the minimum RTT is measured.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .get(format!("http://{addr}/api/stream"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    for _ in 0..12 {
+        let r = client
+            .get(format!("http://{addr}/api/work"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let route = &shedding.routes()[0];
+    assert!(!route.measuring, "{route:?}");
+    assert_eq!((route.in_flight, route.shed), (0, 0), "{route:?}");
+    drop(open);
+}
+
+/// A reload that leaves a route and its settings as they were keeps its controller (and
+/// what it measured); one that changes its settings starts a new one.
+#[tokio::test]
+async fn a_reload_keeps_the_controller_of_an_unchanged_route() {
+    let file = rules_file("reload", ADAPTIVE);
+    let rules = Arc::new(Rules::load(vec![file.clone()], LoadOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::new(Arc::clone(&rules), MemoryStore::new()));
+    let layer = RateLimitLayer::new(limiter);
+    let shedding = layer.shedding();
+    let addr = serve(queueing_app(4, &["/api/work"]).layer(layer)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/api/work");
+    let get = || async { client.get(&url).send().await.unwrap().status().as_u16() };
+    for _ in 0..12 {
+        assert_eq!(get().await, 200);
+    }
+    let measured = shedding.routes()[0].min_rtt;
+    assert!(measured.is_some());
+    // The section changes elsewhere (its trusted proxies); the route does not.
+    std::fs::write(
+        &file,
+        format!("{ADAPTIVE}  trusted_proxies: [10.0.0.0/8]\n"),
+    )
+    .unwrap();
+    rules.reload().unwrap();
+    assert_eq!(get().await, 200);
+    let kept = shedding.routes()[0].clone();
+    assert!(!kept.measuring && kept.min_rtt == measured, "{kept:?}");
+    // Its settings change: a new controller, measuring again.
+    std::fs::write(&file, ADAPTIVE.replace("min_limit: 2", "min_limit: 3")).unwrap();
+    rules.reload().unwrap();
+    assert_eq!(get().await, 200);
+    let fresh = shedding.routes()[0].clone();
+    assert!(fresh.measuring && fresh.min_rtt.is_none(), "{fresh:?}");
 }

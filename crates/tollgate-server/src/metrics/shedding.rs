@@ -125,6 +125,11 @@ impl SheddingMetrics {
         let Some(shedding) = self.source.get() else {
             return;
         };
+        // The gauges show the routes in force: a route a reload removed leaves them.
+        self.limit.clear();
+        self.in_flight.clear();
+        self.rtt.clear();
+        self.min_rtt.clear();
         for r in shedding.routes() {
             let labels = RouteLabels {
                 domain: r.domain,
@@ -134,15 +139,16 @@ impl SheddingMetrics {
             self.in_flight
                 .get_or_create(&labels)
                 .set(i64::from(r.in_flight));
-            let secs = |n: Option<u64>| n.map_or(0.0, |n| n as f64 / 1e9);
+            // Not measured yet: NaN, not a latency of 0.
+            let secs = |n: Option<u64>| n.map_or(f64::NAN, |n| n as f64 / 1e9);
             self.rtt.get_or_create(&labels).set(secs(r.rtt));
             self.min_rtt.get_or_create(&labels).set(secs(r.min_rtt));
             sync(&self.shed.get_or_create(&labels), r.shed);
         }
         if let Some(s) = shedding.system() {
             self.system_in_flight.set(i64::from(s.in_flight));
-            self.system_capacity.set(s.capacity.unwrap_or(0.0));
-            self.system_cpu.set(s.cpu.unwrap_or(0.0));
+            self.system_capacity.set(s.capacity.unwrap_or(f64::NAN));
+            self.system_cpu.set(s.cpu.unwrap_or(f64::NAN));
             for (class, by_capacity, by_cpu) in s.shed {
                 for (reason, n) in [("capacity", by_capacity), ("cpu", by_cpu)] {
                     let labels = ShedLabels {

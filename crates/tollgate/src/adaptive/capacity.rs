@@ -3,8 +3,8 @@
 //! latency, both over the last second.
 //!
 //! Past that many in flight, a request cannot be answered sooner: it waits behind
-//! others. The second is ten buckets of 100 ms; the rate is the busiest whole bucket's,
-//! scaled to a second, and the latency the lowest of the buckets' averages. Pure: time
+//! others. The second is ten buckets of 100 ms; the rate is the busiest ended bucket's,
+//! scaled to a second, and the latency the lowest of the ended buckets' averages. Pure: time
 //! and latencies come in as [`Nanos`].
 
 use crate::clock::{Nanos, NANOS_PER_SEC};
@@ -69,9 +69,11 @@ impl Capacity {
             .map(|n| n as f64)
     }
 
-    /// The least average latency of a bucket in the last second.
+    /// The least average latency of a bucket that has ended in the last second (a
+    /// bucket just begun, with one fast answer, would say too little).
     pub fn min_latency(&self, now: Nanos) -> Option<Nanos> {
         self.recent(now)
+            .filter(|(_, ended)| *ended)
             .map(|(b, _)| b.latency_sum / b.completed)
             .min()
     }
@@ -125,9 +127,11 @@ mod tests {
         let later = t0 + 1_050 * MS;
         assert_eq!(c.max_per_second(later), Some(10.0));
         assert_eq!(c.min_latency(later), Some(4 * MS));
-        // And a bucket slot reused for a later span starts again from nothing.
-        c.record(t0 + 1_000 * MS, 8 * MS);
+        // A bucket not ended yet does not count; a slot reused for a later span starts
+        // again from nothing.
+        c.record(t0 + 1_000 * MS, 2 * MS);
         assert_eq!(c.min_latency(t0 + 1_050 * MS), Some(4 * MS));
+        assert_eq!(c.min_latency(t0 + 1_100 * MS), Some(2 * MS));
         assert_eq!(c.estimate(t0 + 3_000 * MS), None);
     }
 }

@@ -17,31 +17,55 @@ pub struct CpuReading {
 
 /// A source of CPU readings.
 pub trait CpuGauge: Send + Sync + 'static {
-    /// The latest reading; `None` when the CPU use cannot be read.
+    /// The latest reading; `None` when the CPU use cannot be read (or nothing was read
+    /// yet).
     fn read(&self) -> Option<CpuReading>;
+
+    /// How many readings there have been, readable or not: the reader applies each one
+    /// it missed.
+    fn readings(&self) -> u64;
 }
 
-/// The latest reading, shared: the busy share's bits (NaN: unreadable) and the
-/// reading's number, each in an atomic (a reader may pair a new share with the previous
-/// number, and sees the new number on its next read).
+/// The latest reading, shared in one atomic word: the reading's number in the high 48
+/// bits (0: nothing read yet), the busy share in ten-thousandths in the low 16
+/// ([`UNREADABLE`]: the CPU could not be read). One word, so that a reader never pairs
+/// one reading's share with another's number.
 #[derive(Debug, Default)]
-struct Latest {
-    busy_bits: AtomicU64,
-    /// 0: nothing read yet; otherwise the reading's number.
-    seq: AtomicU64,
-}
+struct Latest(AtomicU64);
+
+/// The low 16 bits of a reading the CPU use could not be read for.
+const UNREADABLE: u64 = 0xFFFF;
 
 impl Latest {
     fn set(&self, busy: Option<f64>) {
-        let bits = busy.map_or(f64::NAN, |b| b.clamp(0.0, 1.0)).to_bits();
-        self.busy_bits.store(bits, Ordering::Relaxed);
-        self.seq.fetch_add(1, Ordering::Release);
+        let share = busy.map_or(UNREADABLE, |b| {
+            (b.clamp(0.0, 1.0) * 10_000.0).round() as u64
+        });
+        let mut word = self.0.load(Ordering::Relaxed);
+        loop {
+            let next = ((word >> 16) + 1) << 16 | share;
+            match self
+                .0
+                .compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
     }
 
     fn read(&self) -> Option<CpuReading> {
-        let seq = self.seq.load(Ordering::Acquire);
-        let busy = f64::from_bits(self.busy_bits.load(Ordering::Relaxed));
-        (seq > 0 && !busy.is_nan()).then_some(CpuReading { busy, seq })
+        let word = self.0.load(Ordering::Acquire);
+        let (seq, share) = (word >> 16, word & 0xFFFF);
+        (seq > 0 && share != UNREADABLE).then(|| CpuReading {
+            busy: share as f64 / 10_000.0,
+            seq,
+        })
+    }
+
+    /// The number of the last reading, readable or not (0: none yet).
+    fn seq(&self) -> u64 {
+        self.0.load(Ordering::Acquire) >> 16
     }
 }
 
@@ -64,6 +88,10 @@ impl ManualCpu {
 impl CpuGauge for ManualCpu {
     fn read(&self) -> Option<CpuReading> {
         self.0.read()
+    }
+
+    fn readings(&self) -> u64 {
+        self.0.seq()
     }
 }
 
@@ -89,26 +117,63 @@ impl CpuGauge for ProcStat {
     fn read(&self) -> Option<CpuReading> {
         self.0.read()
     }
+
+    fn readings(&self) -> u64 {
+        self.0.seq()
+    }
 }
 
+/// Readings in a row that may fail before the gauge says the CPU cannot be read (the
+/// CPU rule then sheds nothing): a passing failure (a file descriptor short, say) keeps
+/// the last reading rather than switch the rule off when it is needed most.
+const FAILURES_TOLERATED: u32 = 5;
+
 fn sample(latest: &Weak<Latest>, period: Duration) {
-    let mut last = read_times();
+    // Kept open and read again from the start: no new file descriptor per reading.
+    let mut file = std::fs::File::open("/proc/stat").ok();
+    let mut last = read_times(&mut file);
+    let mut failures = 0;
     loop {
         std::thread::sleep(period);
         let Some(latest) = latest.upgrade() else {
             return;
         };
-        let now = read_times();
-        latest.set(match (last, now) {
-            (Some(a), Some(b)) => busy_between(a, b),
-            _ => None,
-        });
-        last = now;
+        let now = read_times(&mut file);
+        match (last, now) {
+            (Some(a), Some(b)) => {
+                failures = 0;
+                latest.set(busy_between(a, b));
+            }
+            _ => {
+                failures += 1;
+                if failures >= FAILURES_TOLERATED {
+                    latest.set(None);
+                }
+            }
+        }
+        if now.is_some() {
+            last = now;
+        }
     }
 }
 
-fn read_times() -> Option<CpuTimes> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
+/// `/proc/stat`'s aggregate times, from `file` read again from its start (opened again
+/// if it is not open).
+fn read_times(file: &mut Option<std::fs::File>) -> Option<CpuTimes> {
+    use std::io::{Read, Seek};
+    if file.is_none() {
+        *file = std::fs::File::open("/proc/stat").ok();
+    }
+    let f = file.as_mut()?;
+    let mut text = String::new();
+    let read = f
+        .rewind()
+        .and_then(|()| f.read_to_string(&mut text))
+        .is_ok();
+    if !read {
+        *file = None;
+        return None;
+    }
     parse_proc_stat(&text)
 }
 
@@ -197,11 +262,19 @@ mod tests {
         assert!(second.map(|r| r.seq) > first.map(|r| r.seq));
         cpu.set(None);
         assert_eq!(cpu.read(), None);
+        assert_eq!(cpu.readings(), 3);
+        cpu.set(Some(0.25));
+        assert_eq!(cpu.read(), Some(CpuReading { busy: 0.25, seq: 4 }));
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn this_hosts_proc_stat_reads() {
-        assert!(read_times().is_some_and(|t| t.total > 0 && t.busy <= t.total));
+        let mut file = None;
+        let first = read_times(&mut file);
+        assert!(first.is_some_and(|t| t.total > 0 && t.busy <= t.total));
+        // Read again through the file kept open.
+        assert!(file.is_some());
+        assert!(read_times(&mut file).is_some_and(|t| t.total >= first.map_or(0, |f| f.total)));
     }
 }

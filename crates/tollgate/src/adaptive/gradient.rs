@@ -46,14 +46,15 @@ pub struct GradientSettings {
     pub max_limit: u32,
     /// How often the limit is recalculated.
     pub interval: Duration,
-    /// How often the minimum RTT is measured again.
+    /// How often the minimum RTT is measured again (the rule files ask at least ten
+    /// intervals).
     pub min_rtt_interval: Duration,
     /// Up to this share of `min_rtt_interval` is added at random to each wait for the
     /// next measurement (0 to 1).
     pub jitter: f64,
     /// How many answers make a minimum-RTT measurement.
     pub min_rtt_samples: u32,
-    /// The target RTT is the minimum RTT times `1 + buffer` (0 to 1).
+    /// The target RTT is the minimum RTT times `1 + buffer` (0 to 10).
     pub buffer: f64,
     /// Which percentile of a window's latencies is its RTT (0 to 1, exclusive of 0).
     pub percentile: f64,
@@ -204,17 +205,20 @@ impl Gradient {
                     self.next_measure = now.saturating_add(self.measure_wait());
                 }
             }
-            Phase::Running if now >= self.next_measure => {
-                self.phase = Phase::Measuring { resume: self.limit };
-                self.limit = self.settings.min_limit;
-                self.epoch += 1;
-                self.clear();
+            Phase::Running => {
+                // An interval that is due is recalculated first, even when a minimum-RTT
+                // window is due too: its answers would otherwise be thrown away.
+                if now >= self.next_update {
+                    self.recalculate();
+                    self.next_update = now.saturating_add(nanos(self.settings.interval));
+                }
+                if now >= self.next_measure {
+                    self.phase = Phase::Measuring { resume: self.limit };
+                    self.limit = self.settings.min_limit;
+                    self.epoch += 1;
+                    self.clear();
+                }
             }
-            Phase::Running if now >= self.next_update => {
-                self.recalculate();
-                self.next_update = now.saturating_add(nanos(self.settings.interval));
-            }
-            Phase::Running => {}
         }
         self.limit != before
     }
@@ -450,6 +454,34 @@ mod tests {
         assert_eq!(g.limit(), 80);
         // Against the new target (5 ms), 10 ms answers are queueing: it falls.
         assert!(interval(&mut g, &mut now, 80, 10 * MS) < 80);
+    }
+
+    #[test]
+    fn an_interval_due_with_a_measurement_is_recalculated_first() {
+        let s = GradientSettings {
+            min_rtt_interval: Duration::from_millis(100),
+            ..settings()
+        };
+        let mut now = 0;
+        let mut g = Gradient::new(s, now, 1);
+        for _ in 0..10 {
+            now += MS;
+            g.record(now, g.epoch(), 10 * MS);
+        }
+        // Both due at once, each time: the limit still grows between measurements.
+        let mut grown = 0;
+        for _ in 0..5 {
+            g.in_flight(g.limit());
+            now += 100 * MS;
+            g.record(now, g.epoch(), 10 * MS);
+            assert!(matches!(g.phase(), Phase::Measuring { .. }));
+            for _ in 0..10 {
+                now += MS;
+                g.record(now, g.epoch(), 10 * MS);
+            }
+            grown = g.limit();
+        }
+        assert!(grown > 20, "{grown}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! A route's adaptive concurrency in the gateway: [`RouteConcurrency`] counts the
-//! requests in flight to the upstream against the limit its [`Gradient`] sets, and
-//! [`AdaptivePermit`] is one request's place, which gives the controller the request's
-//! latency (to the response head) and gives the place back when the response ends.
+//! requests waiting for the upstream's answer against the limit its [`Gradient`] sets,
+//! and [`AdaptivePermit`] is one request's place: taken before the rate limits (so a
+//! shed request is not charged), timed from the moment the request is forwarded, and
+//! given back with its latency when the upstream's response head arrives (a streamed
+//! body is then the client's and the upstream's business, not a queue).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -75,8 +77,8 @@ impl RouteConcurrency {
         }
     }
 
-    /// A place for a request at `now`, or `None` (counted as shed) when the limit is
-    /// reached.
+    /// A place for a request at `now`, or `None` when the limit is reached (the caller
+    /// counts it with [`shed`](Self::shed) if it sheds the request).
     pub(crate) fn try_acquire(self: &Arc<Self>, now: Nanos) -> Option<AdaptivePermit> {
         if now >= self.due.load(Ordering::Relaxed) {
             let mut g = self.gradient.lock();
@@ -88,7 +90,6 @@ impl RouteConcurrency {
         let mut current = self.in_flight.load(Ordering::Relaxed);
         loop {
             if current >= limit {
-                self.shed.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
             match self.in_flight.compare_exchange_weak(
@@ -107,6 +108,11 @@ impl RouteConcurrency {
             started: now,
             epoch: self.epoch.load(Ordering::Relaxed),
         })
+    }
+
+    /// Counts a request shed.
+    pub(crate) fn shed(&self) {
+        self.shed.fetch_add(1, Ordering::Relaxed);
     }
 
     fn publish(&self, g: &Gradient) {
@@ -131,7 +137,8 @@ impl RouteConcurrency {
     }
 }
 
-/// One request's place on a route; the place is given back when dropped.
+/// One request's place on a route; the place is given back when dropped (the
+/// gateway drops it once the response head has come).
 #[derive(Debug)]
 pub(crate) struct AdaptivePermit {
     owner: Arc<RouteConcurrency>,
@@ -140,6 +147,12 @@ pub(crate) struct AdaptivePermit {
 }
 
 impl AdaptivePermit {
+    /// The request is forwarded at `now`: its latency counts from here, not from when it
+    /// took its place (the rate limits and a queue's delay are not the upstream's).
+    pub(crate) fn start(&mut self, now: Nanos) {
+        self.started = now;
+    }
+
     /// The upstream answered `status` at `now`: the latency is a sample unless the
     /// route excludes the status.
     pub(crate) fn answered(&self, now: Nanos, status: u16) {
@@ -188,6 +201,7 @@ mod tests {
         let b = route.try_acquire(MS);
         assert!(a.is_some() && b.is_some());
         assert!(route.try_acquire(MS).is_none());
+        route.shed();
         assert_eq!(route.stats().shed, 1);
         assert_eq!(route.stats().in_flight, 2);
         drop(a);

@@ -1,6 +1,7 @@
-//! A response body that holds the request's places until it ends: concurrency permits,
-//! its adaptive-concurrency places and its system-protection place. The last frame
-//! sent, an error, or the client going away (the body is dropped) gives them back.
+//! What a request holds while it is in flight ([`Held`]), and a response body that holds
+//! its concurrency permits until it ends: the last frame sent, an error, or the client
+//! going away (the body is dropped) gives them back. Its adaptive-concurrency and
+//! system-protection places are given back earlier, when the response head comes.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -27,14 +28,27 @@ impl Held {
         self.permits.is_empty() && self.adaptive.is_empty() && self.system.is_none()
     }
 
-    /// The upstream answered `status` at `now`: the latency goes to the controllers.
-    pub(crate) fn answered(&self, now: Nanos, status: u16) {
-        for a in &self.adaptive {
+    /// The request is forwarded at `now`: its latency counts from here.
+    pub(crate) fn forwarded(&mut self, now: Nanos) {
+        for a in &mut self.adaptive {
+            a.start(now);
+        }
+        if let Some(s) = &mut self.system {
+            s.start(now);
+        }
+    }
+
+    /// The upstream's response head came at `now` with `status`: the latency goes to
+    /// the controllers, and the adaptive and system places are given back; what is left
+    /// (the concurrency permits) is held until the body ends.
+    pub(crate) fn answered(mut self, now: Nanos, status: u16) -> Self {
+        for a in self.adaptive.drain(..) {
             a.answered(now, status);
         }
-        if let Some(s) = &self.system {
-            s.answered(now);
+        if let Some(s) = self.system.take() {
+            s.answered(now, status);
         }
+        self
     }
 }
 

@@ -698,7 +698,8 @@ http:
         assert_eq!(p.rank(&http::HeaderMap::new()), 1);
         assert!(p.is_exempt("/healthz/deep"));
         for (settings, says) in [
-            ("{max_cpu: 0%}", "`max_cpu: 0%` must be from 1% to 100%"),
+            ("{max_cpu: 0%}", "`max_cpu: 0%` must be from 1% to 99%"),
+            ("{max_cpu: 100%}", "`max_cpu: 100%` must be from 1% to 99%"),
             ("{capacity: false}", "sheds nothing"),
             ("{exempt: [healthz]}", "does not start with `/`"),
             (

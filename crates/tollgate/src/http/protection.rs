@@ -1,8 +1,9 @@
 //! System protection in the gateway: [`SystemGuard`] applies the rule set's
 //! `system_protection` ([`Protection`]) to every request before its routes, counts the
 //! requests in flight, reads the CPU gauge, and counts what it sheds per reason and
-//! class; [`SystemPermit`] is one admitted request's place, which records its latency
-//! (to the response head) for the capacity estimate.
+//! class; [`SystemPermit`] is one admitted request's place, held until the upstream's
+//! response head comes, which records its latency (from forwarding) for the capacity
+//! estimate.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ pub(crate) struct SystemGuard {
     state: Mutex<Protection>,
     in_flight: AtomicU32,
     cpu: Option<Arc<dyn CpuGauge>>,
-    /// The number of the last CPU reading the state saw.
+    /// How many CPU readings the state has seen.
     cpu_seq: AtomicU64,
     /// Shed requests per class rank: by capacity, by CPU.
     shed: Box<[[AtomicU64; 2]]>,
@@ -70,7 +71,14 @@ impl SystemGuard {
                 self.state.lock().set_settings(c.settings);
                 self.config.store(Some(Arc::new(c.clone())));
             }
-            None => self.config.store(None),
+            None => {
+                // Nothing carries over to a later `system_protection`: its CPU level
+                // starts at zero (what was measured stays).
+                self.state
+                    .lock()
+                    .set_settings(ProtectionSettings::default());
+                self.config.store(None);
+            }
         }
     }
 
@@ -94,10 +102,18 @@ impl SystemGuard {
         {
             let mut state = self.state.lock();
             if let Some(gauge) = &self.cpu {
-                let reading = gauge.read();
-                let seq = reading.map_or(0, |r| r.seq);
-                if seq != self.cpu_seq.swap(seq, Ordering::Relaxed) {
-                    state.observe_cpu(reading.map(|r| r.busy));
+                // Each reading since the last request counts (the last one's value for
+                // those missed): one class more or less per reading, as documented.
+                let readings = gauge.readings();
+                let seen = self.cpu_seq.swap(readings, Ordering::Relaxed);
+                if readings != seen {
+                    let busy = gauge.read().map(|r| r.busy);
+                    let steps = readings
+                        .saturating_sub(seen)
+                        .clamp(1, MAX_CLASSES as u64 + 1);
+                    for _ in 0..steps {
+                        state.observe_cpu(busy);
+                    }
                 }
             }
             if let Err(why) = state.check(now, in_flight, rank) {
@@ -148,8 +164,18 @@ pub(crate) struct SystemPermit {
 }
 
 impl SystemPermit {
-    /// The upstream answered at `now`: a sample for the capacity estimate.
-    pub(crate) fn answered(&self, now: Nanos) {
+    /// The request is forwarded at `now`: its latency counts from here.
+    pub(crate) fn start(&mut self, now: Nanos) {
+        self.started = now;
+    }
+
+    /// The upstream answered `status` at `now`: a sample for the capacity estimate,
+    /// unless a server error (a gateway 502 answers at once, and is no measure of what
+    /// the upstream can take).
+    pub(crate) fn answered(&self, now: Nanos, status: u16) {
+        if status >= 500 {
+            return;
+        }
         self.owner
             .state
             .lock()

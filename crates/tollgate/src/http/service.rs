@@ -137,9 +137,10 @@ where
                         tokio::time::sleep(delay).await;
                     }
                     let shedding = Arc::clone(&gate.shedding);
+                    let mut held = held;
+                    held.forwarded(shedding.now());
                     let answered = move |response: &Response<ResBody>| {
-                        held.answered(shedding.now(), response.status().as_u16());
-                        held
+                        held.answered(shedding.now(), response.status().as_u16())
                     };
                     if meters.is_empty() {
                         let request = Request::from_parts(parts, body);
@@ -245,7 +246,9 @@ async fn decide<S: Store, I: InFlight>(
         return Verdict::Answer(problem(StatusCode::BAD_REQUEST, "Bad Request", &why));
     }
     let shedding = &gate.shedding;
-    let bound = shedding.bind(&snapshot);
+    let bound = shedding.bind(&snapshot, || {
+        Arc::ptr_eq(&snapshot.set, &gate.limiter.rules().current())
+    });
     let mut held = Held::default();
     match shedding
         .guard()
@@ -311,10 +314,11 @@ async fn decide<S: Store, I: InFlight>(
                     tracing::debug!(domain = %section.domain, "over its adaptive concurrency limit, let through: the domain is in shadow (emergency switch)");
                 }
                 None => {
+                    route_limit.shed();
                     return Verdict::Answer(match &route.fallback {
                         Some(f) => fallback(f, Vec::new()),
                         None => shed_by_route(),
-                    })
+                    });
                 }
             }
         }

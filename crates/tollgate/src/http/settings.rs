@@ -86,7 +86,7 @@ impl RawAdaptive {
             "min_rtt_interval",
             self.min_rtt_interval.as_deref(),
             d.min_rtt_interval,
-            interval..=Duration::from_secs(86_400),
+            interval.saturating_mul(10)..=Duration::from_secs(86_400),
         )?;
         let min_rtt_samples = self.min_rtt_samples.unwrap_or(d.min_rtt_samples);
         if !(1..=100_000).contains(&min_rtt_samples) {
@@ -211,7 +211,8 @@ impl RawProtection {
         let d = ProtectionSettings::default();
         let max_cpu = match &self.max_cpu {
             None => None,
-            Some(text) => Some(percent("max_cpu", Some(text), 0.0, 0.01, 1.0)?),
+            // At 100 % the use could never pass it.
+            Some(text) => Some(percent("max_cpu", Some(text), 0.0, 0.01, 0.99)?),
         };
         let capacity = self.capacity.unwrap_or(true);
         if max_cpu.is_none() && !capacity {

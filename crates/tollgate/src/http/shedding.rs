@@ -78,12 +78,22 @@ impl Shedding {
     }
 
     /// The controllers of the rule set `snapshot` came from, made (or kept) when it is
-    /// new.
-    pub(crate) fn bind(&self, snapshot: &Snapshot) -> Arc<Bound> {
+    /// new. `current` says whether it is the rule set in force (asked only when the
+    /// snapshot is not the one bound): a request that read its snapshot before a reload
+    /// and binds after it gets no controllers (it is let through) rather than bind the
+    /// old set again over the new one.
+    pub(crate) fn bind(&self, snapshot: &Snapshot, current: impl Fn() -> bool) -> Arc<Bound> {
         if let Some(b) = self.bound.load_full() {
             if b.matches(snapshot) {
                 return b;
             }
+        }
+        if !current() {
+            return Arc::new(Bound {
+                set: Arc::clone(&snapshot.set),
+                fixed: snapshot.fixed.clone(),
+                routes: Vec::new(),
+            });
         }
         let _one_at_a_time = self.rebinding.lock();
         let old = self.bound.load_full();
@@ -99,14 +109,17 @@ impl Shedding {
 
     fn build(&self, snapshot: &Snapshot, old: Option<&Bound>) -> Bound {
         let mut previous: HashMap<String, Arc<RouteConcurrency>> = HashMap::new();
-        for r in old.iter().flat_map(|b| b.routes.iter().flatten().flatten()) {
-            previous.insert(key(&r.domain, &r.route), Arc::clone(r));
+        for (s, section) in old.iter().flat_map(|b| b.routes.iter().enumerate()) {
+            for r in section.iter().flatten() {
+                previous.insert(key(s, &r.domain, &r.route), Arc::clone(r));
+            }
         }
         let sections = snapshot.sections();
         let now = self.now();
         let routes = sections
             .iter()
-            .map(|section| {
+            .enumerate()
+            .map(|(s, section)| {
                 section
                     .routes
                     .iter()
@@ -117,7 +130,7 @@ impl Shedding {
                             "{i}:{}",
                             route.matcher.path_prefix.as_deref().unwrap_or("/")
                         );
-                        match previous.get(&key(&section.domain, &name)) {
+                        match previous.get(&key(s, &section.domain, &name)) {
                             Some(r) if r.config == *config => Some(Arc::clone(r)),
                             _ => {
                                 let seed = self.seed.fetch_add(0x9E37_79B9, Ordering::Relaxed);
@@ -172,6 +185,7 @@ impl Bound {
     }
 }
 
-fn key(domain: &str, route: &str) -> String {
-    format!("{}\u{0}{domain}\u{0}{route}", domain.len())
+/// A route's identity across reloads: its section's place, domain, index and prefix.
+fn key(section: usize, domain: &str, route: &str) -> String {
+    format!("{section}\u{0}{}\u{0}{domain}\u{0}{route}", domain.len())
 }

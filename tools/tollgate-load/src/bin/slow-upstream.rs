@@ -1,7 +1,7 @@
 //! `slow-upstream`: an HTTP/1.1 server modelling a service with a pool of C workers, for
 //! `tools/bench-adaptive.sh`.
 //!
-//! Every request (but `GET /capacity`) takes one of C permits of a semaphore, holds it
+//! Every request (but `GET /capacity` and `GET /served`) takes one of C permits of a semaphore, holds it
 //! for S ms, then answers 200 with a small body. The hold ends within a pacing step
 //! (0.2 ms, a `timerfd` on Linux) of S: tokio's own timers round up to the next
 //! millisecond and wake late, which made a 5 ms hold about 6.2 ms and the pool's
@@ -12,7 +12,8 @@
 //! `--schedule "10s=40,20s=20"` changes C at those times after start: a larger C adds
 //! permits at once; a smaller one forgets the free permits at once and the rest as
 //! requests release them. `GET /capacity` answers the current C (the target, in plain
-//! text). Nothing else is recorded.
+//! text); `GET /served`, how many requests it has answered (the upstream's own count of
+//! its throughput, whatever client drives it).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -68,6 +69,8 @@ struct Pool {
     state: Mutex<PoolState>,
     /// The target C, for `/capacity` without the lock.
     capacity: AtomicUsize,
+    /// Requests answered (not counting `/capacity` and `/served`), for `/served`.
+    served: AtomicUsize,
 }
 
 /// What `Pool::resize` and `Pool::release` change together.
@@ -88,6 +91,7 @@ impl Pool {
                 debt: 0,
             }),
             capacity: AtomicUsize::new(workers),
+            served: AtomicUsize::new(0),
         }
     }
 
@@ -279,7 +283,8 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     }
 }
 
-/// `GET /capacity`: the current C; anything else: a worker held for S, then 200.
+/// `GET /capacity`: the current C; `GET /served`: how many requests were answered;
+/// anything else: a worker held for S, then 200.
 async fn handle(
     req: Request<Incoming>,
     pool: Arc<Pool>,
@@ -287,11 +292,14 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = if req.uri().path() == "/capacity" {
         Bytes::from(format!("{}\n", pool.capacity.load(Ordering::Relaxed)))
+    } else if req.uri().path() == "/served" {
+        Bytes::from(format!("{}\n", pool.served.load(Ordering::Relaxed)))
     } else {
         match pool.permits.clone().acquire_owned().await {
             Ok(permit) => {
                 holds.hold().await;
                 pool.release(permit);
+                pool.served.fetch_add(1, Ordering::Relaxed);
                 Bytes::from_static(b"ok\n")
             }
             // The semaphore is never closed; answer as a failed service would.
