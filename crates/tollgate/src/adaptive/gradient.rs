@@ -15,6 +15,11 @@
 //!   (measured past the target) it shrinks, at most halving per interval. The square
 //!   root is Envoy's headroom: it keeps probing for more, so the limit settles where
 //!   the latency is a little above the target.
+//! - **Pinned at the minimum.** When five recalculations in a row leave the limit at
+//!   `min_limit`, the minimum RTT is measured again at once (as Envoy does): the latency
+//!   without queueing has likely changed (the upstream got slower for good, or the
+//!   gateway itself is short of CPU and its own delay is in every latency), and a stale
+//!   minimum would hold the limit at the bottom until the next scheduled measurement.
 //! - **Not while idle.** As in Netflix's Gradient2, the limit does not grow in an
 //!   interval in which fewer than half of it were in flight at once: light traffic says
 //!   nothing about what the upstream can take, and a limit grown unseen to `max_limit`
@@ -32,6 +37,9 @@ use crate::clock::{nanos, Nanos};
 /// each new one replaces a random one (reservoir sampling), so the percentile stays an
 /// unbiased estimate in bounded memory.
 pub const MAX_SAMPLES: usize = 4096;
+
+/// Recalculations in a row at `min_limit` that start a minimum-RTT measurement.
+pub const PINNED_INTERVALS: u32 = 5;
 
 /// The gradient's bounds, as Envoy's: at most halving, at most doubling per interval.
 const GRADIENT_MIN: f64 = 0.5;
@@ -102,6 +110,8 @@ pub struct Gradient {
     offered: u64,
     /// The most in flight at once in this interval.
     peak: u32,
+    /// Recalculations in a row that left the limit at `min_limit`.
+    pinned: u32,
     min_rtt: Option<Nanos>,
     measured: Option<Nanos>,
     next_update: Nanos,
@@ -126,6 +136,7 @@ impl Gradient {
             samples: Vec::new(),
             offered: 0,
             peak: 0,
+            pinned: 0,
             min_rtt: None,
             measured: None,
             next_update: now,
@@ -212,7 +223,8 @@ impl Gradient {
                     self.recalculate();
                     self.next_update = now.saturating_add(nanos(self.settings.interval));
                 }
-                if now >= self.next_measure {
+                if now >= self.next_measure || self.pinned >= PINNED_INTERVALS {
+                    self.pinned = 0;
                     self.phase = Phase::Measuring { resume: self.limit };
                     self.limit = self.settings.min_limit;
                     self.epoch += 1;
@@ -244,6 +256,7 @@ impl Gradient {
         }
         let (lo, hi) = (self.settings.min_limit, self.settings.max_limit);
         self.limit = (proposed.floor() as u32).clamp(lo, hi);
+        self.pinned = if self.limit == lo { self.pinned + 1 } else { 0 };
     }
 
     fn offer(&mut self, latency: Nanos) {
@@ -399,12 +412,14 @@ mod tests {
             assert!(limit <= 200);
         }
         assert_eq!(g.limit(), 200);
-        for _ in 0..20 {
+        let mut lowest = u32::MAX;
+        for _ in 0..12 {
             let used = g.limit();
             let limit = interval(&mut g, &mut now, used, 1_000 * MS);
             assert!(limit >= 3);
+            lowest = lowest.min(limit);
         }
-        assert_eq!(g.limit(), 3);
+        assert_eq!(lowest, 3);
     }
 
     #[test]
@@ -482,6 +497,32 @@ mod tests {
             grown = g.limit();
         }
         assert!(grown > 20, "{grown}");
+    }
+
+    #[test]
+    fn a_limit_pinned_at_the_minimum_measures_the_minimum_rtt_again() {
+        let mut now = 1_000 * MS;
+        let mut g = measured(&mut now);
+        g.limit = 40;
+        // The upstream is four times slower for good: the limit falls to the bottom...
+        let mut intervals = 0;
+        while !matches!(g.phase(), Phase::Measuring { .. }) {
+            let used = g.limit();
+            interval(&mut g, &mut now, used, 40 * MS);
+            intervals += 1;
+            assert!(intervals < 20, "never measured again");
+        }
+        // ... stays there five intervals, then measures again, long before 30 s.
+        assert_eq!(g.limit(), 3);
+        assert!(now < 1_000 * MS + 5_000 * MS);
+        for _ in 0..10 {
+            now += MS;
+            g.record(now, g.epoch(), 40 * MS);
+        }
+        assert_eq!(g.min_rtt(), Some(40 * MS));
+        // Against the new minimum, answers at it grow the limit again.
+        let used = g.limit();
+        assert!(interval(&mut g, &mut now, used, 40 * MS) > 3);
     }
 
     #[test]
