@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use support::upstream::start_upstream;
-use support::{free_port, tempdir, Proxy, Server};
+use support::{tempdir, Proxy, Server};
 
 const TOKEN: &str = "dash-Token_7";
 
@@ -141,14 +141,9 @@ async fn gateway(name: &str, rules: &str) -> (Proxy, PathBuf, String) {
     let (_up, upstream) = start_upstream().await;
     let dir = tempdir(name);
     std::fs::write(dir.join("edge.yaml"), rules).unwrap();
-    let admin = format!("127.0.0.1:{}", free_port());
-    let proxy = Proxy::start(
-        &dir,
-        &format!("http://{upstream}"),
-        &["--admin-listen", &admin, "--admin-token", TOKEN],
-    )
-    .await;
-    (proxy, dir, format!("http://{admin}"))
+    let upstream = format!("http://{upstream}");
+    let (proxy, admin) = Proxy::start_with_admin(&dir, &upstream, &["--admin-token", TOKEN]).await;
+    (proxy, dir, admin)
 }
 
 /// Sends `GET url` through a gateway until `stop`, every other request as

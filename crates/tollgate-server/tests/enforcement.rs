@@ -364,15 +364,10 @@ http:
     )
     .unwrap();
     let (_up, upstream) = start_upstream().await;
-    let admin = format!("127.0.0.1:{}", free_port());
-    let proxy = Proxy::start(
-        &dir,
-        &format!("http://{upstream}"),
-        &["--admin-listen", &admin, "--admin-token", TOKEN],
-    )
-    .await;
+    let upstream = format!("http://{upstream}");
+    let (proxy, admin_url) =
+        Proxy::start_with_admin(&dir, &upstream, &["--admin-token", TOKEN]).await;
     let c = Client::new();
-    let admin_url = format!("http://{admin}");
     let get = || async {
         c.get(format!("{}/a", proxy.url))
             .send()

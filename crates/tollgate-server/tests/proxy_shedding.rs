@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use queueing::queueing_app;
 use serde_json::Value;
-use support::{free_port, tempdir, Proxy};
+use support::{tempdir, Proxy};
 
 /// An upstream with `workers` workers, each answer taking 10 ms of one.
 async fn queueing_upstream(workers: usize) -> SocketAddr {
@@ -27,15 +27,13 @@ async fn queueing_upstream(workers: usize) -> SocketAddr {
 }
 
 /// `tollgate proxy` on `rules` with an admin listener, in front of a queueing upstream
-/// of 4 workers; the proxy and the admin address.
+/// of 4 workers; the proxy and the admin listener's URL.
 async fn gateway(name: &str, rules: &str) -> (Proxy, String) {
     let upstream = queueing_upstream(4).await;
     let dir = tempdir(name);
     std::fs::write(dir.join("edge.yaml"), rules).unwrap();
-    let admin = format!("127.0.0.1:{}", free_port());
     let upstream = format!("http://{upstream}");
-    let proxy = Proxy::start(&dir, &upstream, &["--admin-listen", &admin]).await;
-    (proxy, admin)
+    Proxy::start_with_admin(&dir, &upstream, &[]).await
 }
 
 /// `GET url`'s body as JSON.
@@ -126,7 +124,7 @@ async fn a_queueing_upstream_is_shed_with_503_and_the_gateway_recovers() {
     assert!(seen.get(&299) > Some(&0), "{seen:?}");
     assert_eq!(seen.get(&503), None, "{seen:?}");
     // The limit and the shed count, in /v1/stats and the metrics.
-    let stats = json(format!("http://{admin}/v1/stats")).await;
+    let stats = json(format!("{admin}/v1/stats")).await;
     let routes = stats["adaptive"].as_array().unwrap();
     assert_eq!(routes.len(), 2, "{stats}");
     assert_eq!(routes[0]["route"], "0:/api/");
@@ -136,7 +134,7 @@ async fn a_queueing_upstream_is_shed_with_503_and_the_gateway_recovers() {
     assert_eq!(routes[0]["measuring"], false);
     assert!(routes[0]["min_rtt_ms"].as_f64() >= Some(10.0), "{stats}");
     assert_eq!(stats["system"], Value::Null);
-    let metrics = text(format!("http://{admin}/metrics")).await;
+    let metrics = text(format!("{admin}/metrics")).await;
     let series = |name: &str| {
         metrics
             .lines()
@@ -180,12 +178,12 @@ async fn past_the_upstreams_capacity_the_gateway_sheds_and_counts_it() {
         seen.get(&200) > Some(&0) && seen.get(&503) > Some(&0),
         "{seen:?}"
     );
-    let stats = json(format!("http://{admin}/v1/stats")).await;
+    let stats = json(format!("{admin}/v1/stats")).await;
     let system = &stats["system"];
     assert_eq!(system["shed"][0]["class"], "all", "{stats}");
     assert!(system["shed"][0]["capacity"].as_u64() > Some(0), "{stats}");
     assert_eq!(system["shed"][0]["cpu"], 0, "{stats}");
-    let metrics = text(format!("http://{admin}/metrics")).await;
+    let metrics = text(format!("{admin}/metrics")).await;
     assert!(
         metrics.lines().any(|l| l
             .starts_with("tollgate_system_shed_total{reason=\"capacity\",class=\"all\"} ")

@@ -229,6 +229,16 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// [`start`](Self::start) with the admin endpoints on a listener of their own (a
+    /// free port): the proxy, and the admin listener's URL (`http://127.0.0.1:<port>`).
+    pub async fn start_with_admin(rules: &Path, upstream: &str, args: &[&str]) -> (Proxy, String) {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let mut all = vec!["--admin-listen", admin.as_str()];
+        all.extend_from_slice(args);
+        let proxy = Self::start(rules, upstream, &all).await;
+        (proxy, format!("http://{admin}"))
+    }
+
     /// Starts `tollgate proxy` on the rule files in `rules` in front of `upstream`, with
     /// extra `args`, and waits until it accepts connections (on new ports if it exits
     /// at start, as [`Server::start`] does).
