@@ -61,23 +61,23 @@ fn n(v: &Value, algorithm: &str, field: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {algorithm}.{field} in {v}"))
 }
 
+/// A boundary burst of 20 on alice for 5 s, under every algorithm.
+const BOUNDARY_ALL: &[&str] = &[
+    "--descriptor",
+    "user=alice",
+    "--pattern",
+    "boundary:20",
+    "--duration",
+    "5s",
+    "--algorithms",
+    "all",
+];
+
 #[test]
 fn boundary_lets_twice_the_limit_through_a_fixed_window_and_no_more_than_the_limit_through_the_log()
 {
     let out = tempdir("boundary");
-    let v = simulate(
-        &out,
-        &[
-            "--descriptor",
-            "user=alice",
-            "--pattern",
-            "boundary:20",
-            "--duration",
-            "5s",
-            "--algorithms",
-            "all",
-        ],
-    );
+    let v = simulate(&out, BOUNDARY_ALL);
     assert_eq!(v["pattern"], "boundary:20");
     assert_eq!(v["limit"]["requests_per_unit"], 20);
     assert_eq!(v["limit"]["unit"], "second");
@@ -340,19 +340,7 @@ fn chromium() -> String {
 #[test]
 fn the_report_page_shows_its_charts_in_a_browser() {
     let out = tempdir("browser");
-    simulate(
-        &out,
-        &[
-            "--descriptor",
-            "user=alice",
-            "--pattern",
-            "boundary:20",
-            "--duration",
-            "5s",
-            "--algorithms",
-            "all",
-        ],
-    );
+    simulate(&out, BOUNDARY_ALL);
     let page = out.join("report.html");
     let html = std::fs::read_to_string(&page).unwrap();
     // Self-contained: nothing is fetched.

@@ -17,14 +17,7 @@ use super::window::WindowMax;
 use super::SimulateError;
 
 /// The algorithms `--algorithms all` compares, in the report's order.
-pub const ALGORITHMS: [&str; 6] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-    "leaky_bucket",
-];
+pub const ALGORITHMS: [&str; 6] = tollgate::algorithm::NAMES;
 
 /// The exact reference every run is compared with.
 pub const EXACT: &str = "sliding_log";

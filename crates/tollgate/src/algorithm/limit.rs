@@ -459,7 +459,7 @@ impl Algorithm {
         }
     }
 
-    /// The name used in rule files (`fixed_window`, `gcra`, ...).
+    /// The name used in rule files (`fixed_window`, `gcra`, ...), one of [`NAMES`].
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::FixedWindow(_) => "fixed_window",
@@ -471,6 +471,17 @@ impl Algorithm {
         }
     }
 }
+
+/// Every algorithm's name in rule files, in one fixed order: the Redis scripts' codes
+/// and the simulator's report follow it.
+pub const NAMES: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
 
 #[cfg(test)]
 mod tests {

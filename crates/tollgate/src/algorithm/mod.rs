@@ -43,7 +43,7 @@ pub(crate) use bucket::warm_tick;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
-pub use limit::{Algorithm, Consistency, InvalidLimit, Limit, Scope, StateKind};
+pub use limit::{Algorithm, Consistency, InvalidLimit, Limit, Scope, StateKind, NAMES};
 pub use lockout::Lockout;
 pub use sliding_log::{LogState, SlidingLog};
 pub use sliding_window::{SlidingWindow, WindowState, MARGIN, SUB_WINDOWS};

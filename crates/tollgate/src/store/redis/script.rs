@@ -152,14 +152,7 @@ pub fn script_library(algorithms: &[&str]) -> Result<(String, String), ScriptNam
 
 /// The algorithms the scripts implement, as rule files name them, in the order of their
 /// codes in the scripts: what [`script_source`] and [`script_library`] accept.
-pub const SCRIPT_ALGORITHMS: [&str; 6] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-    "leaky_bucket",
-];
+pub const SCRIPT_ALGORITHMS: [&str; 6] = crate::algorithm::NAMES;
 
 /// The set of algorithm codes (bit `code - 1`) of these rule-file names.
 fn algorithm_mask(algorithms: &[&str]) -> Result<u8, ScriptNameError> {
